@@ -1,0 +1,106 @@
+"""Actor-critic learning in imagination and on replay (spec 3, Algorithms F-H)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from agent import distributions as dists
+from agent.config import DreamerConfig
+
+sg = jax.lax.stop_gradient
+
+
+def lambda_return(last, term, rew, boot, disc, lam):
+  """Lambda-return (Algorithm H). Inputs [N, L] (disc may be scalar); returns [N, L-1].
+
+  R_{L-1} = boot_{L-1};  R_t = rew_{t+1} + live_t ((1 - cont_t) boot_{t+1}
+  + cont_t R_{t+1}) with live = (1 - term_{t+1}) disc, cont = (1 - last_{t+1}) lam.
+  Step t uses the reward, continuation and value of the NEXT state (spec 3.7).
+  """
+  last, term, rew, boot = (jnp.asarray(x, jnp.float32) for x in (last, term, rew, boot))
+  live = (1.0 - term)[:, 1:] * disc
+  cont = (1.0 - last)[:, 1:] * lam
+  interm = rew[:, 1:] + (1.0 - cont) * live * boot[:, 1:]
+
+  def step(ret, inp):
+    interm_t, live_t, cont_t = inp
+    ret = interm_t + live_t * cont_t * ret
+    return ret, ret
+
+  xs = (interm.T, live.T, cont.T)
+  _, rets = jax.lax.scan(step, boot[:, -1], xs, reverse=True)
+  return rets.T
+
+
+class RetNormState(NamedTuple):
+  """Percentile return normaliser state: EMAs of P5 and P95 (spec 3.8)."""
+  lo: jax.Array
+  hi: jax.Array
+
+  @classmethod
+  def initial(cls):
+    return cls(jnp.zeros([], jnp.float32), jnp.zeros([], jnp.float32))
+
+
+def retnorm_update_then_read(state: RetNormState, returns, config: DreamerConfig):
+  """Update the EMAs with this batch first, then read S = max(limit, hi - lo) (3.8)."""
+  x = sg(returns).reshape(-1).astype(jnp.float32)
+  lo_b = jnp.percentile(x, config.retnorm_perclo)
+  hi_b = jnp.percentile(x, config.retnorm_perchi)
+  r = config.retnorm_rate
+  new = RetNormState((1 - r) * state.lo + r * lo_b, (1 - r) * state.hi + r * hi_b)
+  scale = jnp.maximum(config.retnorm_limit, new.hi - new.lo)
+  return new, sg(scale)
+
+
+def imag_loss(*, act, rew_hat, con_hat, pi, val_logits, slow_pred, retnorm: RetNormState,
+              config: DreamerConfig):
+  """Imagination policy and value losses (Algorithm F, spec 3.5-3.17).
+
+  All inputs are on stop-gradient imagined features, shapes [N, H+1, ...]:
+  act sampled actions, rew_hat/con_hat predicted reward and continuation
+  (index 0 may come from replay data, OQ 6), pi the policy distribution on
+  states 0..H-1, val_logits the online critic on states 0..H, slow_pred the
+  slow critic's expectation on states 0..H-1.
+  Returns (policy loss [N], value loss [N], R [N, H], new retnorm, metrics).
+  """
+  disc = 1.0 if config.contdisc else config.gamma
+  v_on = sg(dists.twohot_pred(val_logits))                       # [N, H+1]
+  weight = sg(jnp.cumprod(disc * con_hat, 1) / disc)             # includes c_0
+  ret = lambda_return(jnp.zeros_like(con_hat), 1.0 - con_hat, rew_hat, v_on,
+                      disc, config.lam)                          # [N, H]
+  retnorm, scale = retnorm_update_then_read(retnorm, ret, config)
+  adv = (ret - v_on[:, :-1]) / scale
+  logpi = pi.log_prob(sg(act[:, :-1]))
+  ent = pi.entropy()
+  w = weight[:, :-1]
+  pol = w * -(logpi * sg(adv) + config.actent * ent)
+  val = w * (dists.twohot_loss(val_logits[:, :-1], sg(ret)) +
+             config.slowreg * dists.twohot_loss(val_logits[:, :-1], sg(slow_pred)))
+  metrics = {
+      'ret_mean': ret.mean(), 'ret_scale': scale, 'ret_lo': retnorm.lo,
+      'ret_hi': retnorm.hi, 'adv_mag': jnp.abs(adv).mean(),
+      'policy_entropy': ent.mean(), 'policy_logprob': logpi.mean(),
+      'value_mean': v_on.mean(), 'imag_weight_mean': w.mean(),
+      'imag_reward_mean': rew_hat[:, 1:].mean(), 'imag_cont_mean': con_hat[:, 1:].mean(),
+  }
+  return pol.mean(1), val.mean(1), ret, retnorm, metrics
+
+
+def repl_loss(*, val_logits, slow_pred, boot, reward, is_last, is_terminal,
+              config: DreamerConfig):
+  """Replay critic loss (Algorithm G, spec 3.19). Inputs [B, T, ...].
+
+  val_logits come from NON-stop-gradient posterior features (repval_grad), so
+  0.3 x this loss also trains the encoder and RSSM. Returns the [B, T-1] loss.
+  """
+  ret = lambda_return(is_last, is_terminal, reward, boot, config.gamma,
+                      config.replay_lam)                          # [B, T-1]
+  mask = 1.0 - is_last[:, :-1].astype(jnp.float32)
+  loss = mask * (dists.twohot_loss(val_logits[:, :-1], sg(ret)) +
+                 config.slowreg * dists.twohot_loss(val_logits[:, :-1],
+                                                    sg(slow_pred[:, :-1])))
+  return loss, ret

@@ -1,0 +1,226 @@
+"""RSSM: block-GRU core, posterior, prior, observe and imagine scans (spec 2.1-2.8).
+
+`RSSM` is a Haiku module whose call creates (at init) or reads (at apply) every
+parameter and returns them as a dict; the maths are pure functions of that dict
+(Algorithms A-C). This keeps the `lax.scan` bodies free of Haiku state, lets the
+observe scan hoist everything that does not depend on the carry out of the loop,
+and keeps the scan carry to two arrays (deter, flat stoch).
+
+Hoisting is exact algebra, not an approximation:
+  * the action embedding x2 = silu(rms(Linear(a / max(1, |a|)))) only depends on
+    the (known) previous actions and is_first flags;
+  * the posterior's first Linear on concat(h_t, e_t) splits into h_t @ W_h +
+    (e_t @ W_e + b), and the token part is computed for all (B, T) at once;
+  * the dynhid0 BlockLinear input is concat(deter_k, x) per block k with the same
+    embedding x in every block, so its output is the block-diagonal product on
+    deter plus one dense product of x with the kernel's x-rows (no repeat).
+Sampling noise (Gumbel) for all steps is drawn before the scan.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+
+from agent import blocks
+from agent import distributions as dists
+from agent.config import DreamerConfig
+
+sg = jax.lax.stop_gradient
+
+
+class Latent(NamedTuple):
+  """RSSM state: deter [..., D], stoch [..., S, C] (spec 2.1)."""
+  deter: jax.Array
+  stoch: jax.Array
+
+
+class RSSM(hk.Module):
+  """Creates the RSSM parameters (spec 2.4-2.6); call returns them as a dict."""
+
+  def __init__(self, config: DreamerConfig, act_dim: int, token_dim: int,
+               name: str = 'dyn'):
+    super().__init__(name=name)
+    self.c = config
+    self.act_dim = act_dim
+    self.token_dim = token_dim
+
+  def __call__(self) -> dict:
+    c = self.c
+    D, H, g = c.deter, c.hidden, c.blocks
+    SC = c.stoch * c.classes
+    W = {}
+    for name, fan_in in (('dynin0', D), ('dynin1', SC), ('dynin2', self.act_dim)):
+      w, b = blocks.dense_params(name, fan_in, H)
+      W[name] = {'w': w, 'b': b, 'scale': blocks.norm_params(name + 'norm', H)}
+    # dynhid0: BlockLinear(D, g) on g * (D/g + 3H) inputs; fan_in = D + 3Hg.
+    w, b = blocks.block_params('dynhid0', D + 3 * H * g, D, g)
+    W['dynhid0'] = {'w': w, 'b': b, 'scale': blocks.norm_params('dynhid0norm', D)}
+    w, b = blocks.block_params('dyngru', D, 3 * D, g)
+    W['dyngru'] = {'w': w, 'b': b}
+    w, b = blocks.dense_params('obs0', D + self.token_dim, H)
+    W['obs0'] = {'w': w, 'b': b, 'scale': blocks.norm_params('obs0norm', H)}
+    w, b = blocks.dense_params('obslogit', H, SC, c.outscale_rssm)
+    W['obslogit'] = {'w': w, 'b': b}
+    W['prior'] = blocks.mlp_weights(D, c.img_layers, H, prefix='prior')
+    w, b = blocks.dense_params('priorlogit', H, SC, c.outscale_rssm)
+    W['priorlogit'] = {'w': w, 'b': b}
+    return W
+
+
+# --- pure maths (Algorithms A-C) -----------------------------------------------
+
+def _embed(layer, x, eps):
+  return jax.nn.silu(blocks.rms_norm(blocks.dense(x, layer['w'], layer['b']),
+                                     layer['scale'], eps))
+
+
+def embed_action(W, action, is_first, config: DreamerConfig):
+  """x2 = silu(rms(Linear(a / sg(max(1, |a|))))) with a zeroed at is_first (2.2, 2.3).
+
+  action [..., A] float, is_first [...] bool. Returns [..., H].
+  """
+  dtype = config.jnp_compute_dtype
+  a = jnp.where(is_first[..., None], 0.0, action.astype(jnp.float32))
+  a = a / sg(jnp.maximum(1.0, jnp.abs(a)))
+  return _embed(W['dynin2'], a.astype(dtype), config.rms_eps)
+
+
+def core(W, deter, stoch_flat, x2, config: DreamerConfig):
+  """Block-GRU step h_t = f(h_{t-1}, z_{t-1}, a_{t-1}) (Algorithm A, spec 2.4).
+
+  deter [B, D], stoch_flat [B, S*C], x2 [B, H] (the action embedding).
+  """
+  D, H, g = config.deter, config.hidden, config.blocks
+  eps = config.rms_eps
+  dtype = deter.dtype
+  x0 = _embed(W['dynin0'], deter, eps)
+  x1 = _embed(W['dynin1'], stoch_flat, eps)
+  x = jnp.concatenate([x0, x1, x2.astype(dtype)], -1)            # [B, 3H]
+  kernel = W['dynhid0']['w'].astype(dtype)                         # [g, D/g + 3H, D/g]
+  k_deter, k_x = kernel[:, :D // g], kernel[:, D // g:]
+  hid = jnp.einsum('bki,kio->bko', deter.reshape(-1, g, D // g), k_deter)
+  hid = hid + jnp.einsum('bi,kio->bko', x, k_x)                    # same x in every block
+  hid = hid.reshape(-1, D) + W['dynhid0']['b'].astype(dtype)
+  hid = jax.nn.silu(blocks.rms_norm(hid, W['dynhid0']['scale'], eps))  # norm over full D
+  gates = blocks.block_dense(hid, W['dyngru']['w'], W['dyngru']['b'])  # no norm, no act
+  gates = gates.reshape(-1, g, 3 * D // g)
+  r, c, u = jnp.split(gates, 3, -1)                                # per-block [r | c | u]
+  r, c, u = (y.reshape(-1, D) for y in (r, c, u))
+  r = jax.nn.sigmoid(r)
+  c = jnp.tanh(r * c)
+  u = jax.nn.sigmoid(u - 1)
+  return (u * c + (1 - u) * deter).astype(dtype)
+
+
+def token_projection(W, tokens, config: DreamerConfig):
+  """e_t @ W_e + b: the token half of the posterior's first Linear (hoisted)."""
+  w = W['obs0']['w']
+  return blocks.dense(tokens, w[config.deter:], W['obs0']['b'])
+
+
+def posterior_logits(W, deter, tok_proj, config: DreamerConfig):
+  """obs0 on concat(h_t, e_t) then obslogit (spec 2.6). Returns raw [B, S, C]."""
+  w = W['obs0']['w']
+  x = deter @ w[:config.deter].astype(deter.dtype) + tok_proj
+  x = jax.nn.silu(blocks.rms_norm(x, W['obs0']['scale'], config.rms_eps))
+  logit = blocks.dense(x, W['obslogit']['w'], W['obslogit']['b'])
+  return logit.reshape(x.shape[:-1] + (config.stoch, config.classes))
+
+
+def prior_logits(W, deter, config: DreamerConfig):
+  """p(z_t | h_t): 2 x [Linear, RMSNorm, SiLU] then priorlogit (spec 2.5)."""
+  x = blocks.mlp_apply(W['prior'], deter, config.rms_eps)
+  logit = blocks.dense(x, W['priorlogit']['w'], W['priorlogit']['b'])
+  return logit.reshape(x.shape[:-1] + (config.stoch, config.classes))
+
+
+def observe_step(W, carry: Latent, tok_proj, x2, is_first, noise,
+                 config: DreamerConfig):
+  """One filtering step (Algorithm B). carry stoch is [B, S*C] (flat).
+
+  Returns the new (deter, flat stoch) and the raw posterior logits.
+  """
+  deter, stoch = carry
+  keep = (~is_first)[:, None].astype(deter.dtype)
+  deter, stoch = deter * keep, stoch * keep                       # zero state at is_first
+  deter = core(W, deter, stoch, x2, config)
+  logit = posterior_logits(W, deter, tok_proj, config)
+  sample = dists.onehot_sample(logit, config.unimix, noise=noise)
+  stoch = sample.reshape(sample.shape[:-2] + (-1,)).astype(deter.dtype)
+  return Latent(deter, stoch), logit
+
+
+def observe(W, start: Latent, tokens, prevact, is_first, key, config: DreamerConfig):
+  """Observe scan over time (spec 2.7). Inputs are batch-major [B, T, ...].
+
+  start: Latent with deter [B, D], stoch [B, S, C] (replay context, no grad).
+  Returns deter [B, T, D], stoch [B, T, S, C] (straight-through samples) and
+  posterior logits [B, T, S, C] (raw).
+  """
+  B, T = is_first.shape
+  dtype = config.jnp_compute_dtype
+  x2 = embed_action(W, prevact, is_first, config)                  # [B, T, H]
+  tok = token_projection(W, tokens.astype(dtype), config)          # [B, T, H]
+  noise = jax.random.gumbel(key, (T, B, config.stoch, config.classes), jnp.float32)
+  xs = (jnp.swapaxes(tok, 0, 1), jnp.swapaxes(x2, 0, 1),
+        jnp.swapaxes(is_first, 0, 1), noise)
+  carry = Latent(sg(start.deter).astype(dtype),
+                 sg(start.stoch).reshape(B, -1).astype(dtype))
+
+  def step(carry, inp):
+    tok_t, x2_t, first_t, noise_t = inp
+    carry, logit = observe_step(W, carry, tok_t, x2_t, first_t, noise_t, config)
+    return carry, (carry.deter, carry.stoch, logit)
+
+  _, (deter, stoch, logit) = jax.lax.scan(step, carry, xs)
+  deter = jnp.swapaxes(deter, 0, 1)
+  stoch = jnp.swapaxes(stoch, 0, 1).reshape(B, T, config.stoch, config.classes)
+  logit = jnp.swapaxes(logit, 0, 1)
+  return deter, stoch, logit
+
+
+def img_step(W, carry: Latent, action, noise, config: DreamerConfig):
+  """One imagination step (Algorithm C) given the action. Flat stoch carry."""
+  x2 = embed_action(W, action, jnp.zeros(action.shape[:-1], bool), config)
+  deter = core(W, carry.deter, carry.stoch, x2, config)
+  logit = prior_logits(W, deter, config)
+  sample = dists.onehot_sample(logit, config.unimix, noise=noise)
+  return Latent(deter, sample.reshape(sample.shape[:-2] + (-1,)).astype(deter.dtype))
+
+
+def imagine(W, start: Latent, policy_fn, horizon: int, key, config: DreamerConfig):
+  """Imagination rollout (spec 2.8, 3.2, 3.3): H steps from each start state.
+
+  start: deter [N, D], stoch [N, S, C]. policy_fn(feat [N, F], key) -> action.
+  The policy sees sg(carry). Returns feats deter [N, H+1, D], stoch
+  [N, H+1, S, C] (index 0 = start) and actions [N, H+1, A] where action i was
+  sampled at state i (the last one only fills the shape, spec 3.2).
+  Callers pass stop-gradient weights: no gradient flows through imagination.
+  """
+  N = start.deter.shape[0]
+  dtype = config.jnp_compute_dtype
+  k_pol, k_lat = jax.random.split(key)
+  pol_keys = jax.random.split(k_pol, horizon + 1)
+  noise = jax.random.gumbel(k_lat, (horizon, N, config.stoch, config.classes),
+                            jnp.float32)
+  carry = Latent(start.deter.astype(dtype), start.stoch.reshape(N, -1).astype(dtype))
+
+  def step(carry, inp):
+    pkey, noise_t = inp
+    feat = jnp.concatenate([carry.deter, carry.stoch], -1)
+    action = policy_fn(sg(feat), pkey)
+    new = img_step(W, carry, action, noise_t, config)
+    return new, (new.deter, new.stoch, action)
+
+  last, (deter, stoch, actions) = jax.lax.scan(step, carry, (pol_keys[:-1], noise))
+  last_feat = jnp.concatenate([last.deter, last.stoch], -1)
+  last_action = policy_fn(sg(last_feat), pol_keys[-1])
+  deter = jnp.concatenate([carry.deter[None], deter], 0)
+  stoch = jnp.concatenate([carry.stoch[None], stoch], 0)
+  actions = jnp.concatenate([actions, last_action[None]], 0)
+  deter, stoch, actions = (jnp.swapaxes(x, 0, 1) for x in (deter, stoch, actions))
+  return deter, stoch.reshape(N, horizon + 1, config.stoch, config.classes), actions

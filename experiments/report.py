@@ -1,0 +1,385 @@
+"""Score report: our DMC-proprio episode scores against the official DreamerV3 curves.
+
+  python experiments/report.py --logdir DIR [DIR ...] [--out PNG]
+
+Inputs
+  DIR/scores.jsonl: one JSON object per finished episode,
+    {"task": "walker_walk", "env_step": 123456, "score": 812.3, "seed": 0}
+  env_step is agent steps x action repeat (spec 7.5 logger x-axis) and score is
+  the episode return of the stochastic acting policy (spec 7.3, 7.7).
+  append_score() writes such lines. You can pass several logdirs. A run is
+  (logdir, seed), so two logdirs that both use seed 0 stay two runs.
+
+Anchors
+  experiments/data/dmc_proprio-dreamerv3.json.gz holds the official 5-seed
+  DreamerV3 curves (2023 agent, xs = env steps 10K..490K). SOURCE.md in the
+  same folder describes it. Anchor task names 'dmc_walker_walk' are mapped to
+  'walker_walk'.
+
+Outputs
+  * A PNG with one panel per task: score vs env steps. It shows our per-run
+    curves and their mean (episodes averaged in 10K-env-step bins, each
+    episode put in the bin whose centre is nearest), and the official mean
+    with its min-max band over the 5 seeds.
+  * A markdown table, printed and returned by make_report(). Per task it
+    gives our last-5 mean and the official mean at the nearest anchor step.
+    Our last-5 mean is the mean over runs of each run's last 5 episodes. Its
+    step is the mean over runs of each run's last env step.
+
+The spec 7.7 targets at 490K are a task mean of 757.8 and a median of 868.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import gzip
+import json
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_proprio-dreamerv3.json.gz')
+SCORES_FILE = 'scores.jsonl'
+LAST_N = 5          # "last-5 mean" of the table
+BINSIZE = 10_000    # env steps per curve bin (the anchor curves' bin width)
+_REQUIRED = ('task', 'env_step', 'score', 'seed')
+
+PathLike = Union[str, os.PathLike]
+
+
+def normalize_task(name: str) -> str:
+  """'dmc_walker_walk' / 'walker_walk' -> 'walker_walk'; 'cup_catch' -> 'ball_in_cup_catch'."""
+  name = str(name).strip().lower()
+  if name.startswith('dmc_'):
+    name = name[len('dmc_'):]
+  if name.startswith('cup_'):  # the reference's alias of ball_in_cup
+    name = 'ball_in_cup_' + name[len('cup_'):]
+  return name
+
+
+# --- writing -----------------------------------------------------------------
+
+
+def append_score(logdir: PathLike, task: str, env_step: int, score: float,
+                 seed: int) -> None:
+  """Append one finished episode to logdir/scores.jsonl (the report's input)."""
+  score = float(score)
+  if not math.isfinite(score):
+    raise ValueError(f'episode score must be finite, got {score}')
+  os.makedirs(logdir, exist_ok=True)
+  line = json.dumps({'task': normalize_task(task), 'env_step': int(env_step),
+                     'score': score, 'seed': int(seed)})
+  with open(os.path.join(logdir, SCORES_FILE), 'a') as f:
+    f.write(line + '\n')
+
+
+# --- reading -----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+  """All episodes of one (logdir, seed) on one task, sorted by env_step."""
+  task: str
+  logdir: str
+  seed: int
+  steps: np.ndarray
+  scores: np.ndarray
+
+  @property
+  def label(self) -> str:
+    return f'{os.path.basename(os.path.normpath(self.logdir)) or self.logdir} s{self.seed}'
+
+
+def _scores_path(logdir: PathLike) -> str:
+  logdir = os.fspath(logdir)
+  if os.path.isfile(logdir):  # accept the jsonl file itself
+    return logdir
+  return os.path.join(logdir, SCORES_FILE)
+
+
+def load_scores(logdirs: Union[PathLike, Sequence[PathLike]]) -> Dict[str, List[Run]]:
+  """Read scores.jsonl of each logdir -> {task: [Run, ...]}.
+
+  Raises FileNotFoundError for a missing scores file, and ValueError for a
+  malformed line (its file and line number are named) or no episodes.
+  """
+  if isinstance(logdirs, (str, os.PathLike)):
+    logdirs = [logdirs]
+  if not logdirs:
+    raise ValueError('no logdir given')
+  buckets = collections.defaultdict(list)
+  for logdir in logdirs:
+    path = _scores_path(logdir)
+    if not os.path.exists(path):
+      raise FileNotFoundError(f'no episode scores at {path} (expected a JSONL file '
+                              f'with lines {{"task", "env_step", "score", "seed"}})')
+    with open(path) as f:
+      for lineno, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        where = f'{path}:{lineno}'
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f'{where}: not valid JSON ({e.msg})') from e
+        if not isinstance(rec, dict):
+          raise ValueError(f'{where}: expected a JSON object, got {type(rec).__name__}')
+        missing = [k for k in _REQUIRED if k not in rec]
+        if missing:
+          raise ValueError(f'{where}: missing field(s) {missing}; need {list(_REQUIRED)}')
+        try:
+          step, score, seed = float(rec['env_step']), float(rec['score']), int(rec['seed'])
+        except (TypeError, ValueError) as e:
+          raise ValueError(f'{where}: bad value ({e})') from e
+        if not (math.isfinite(step) and math.isfinite(score)):
+          raise ValueError(f'{where}: non-finite env_step or score: {rec}')
+        buckets[(normalize_task(rec['task']), os.fspath(logdir), seed)].append((step, score))
+  if not buckets:
+    raise ValueError(f'no episode scores in {[os.fspath(d) for d in logdirs]}')
+  runs = collections.defaultdict(list)
+  for (task, logdir, seed), rows in sorted(buckets.items()):
+    rows.sort(key=lambda r: r[0])  # stable: same-step episodes keep file order
+    arr = np.asarray(rows, np.float64)
+    runs[task].append(Run(task, logdir, seed, arr[:, 0], arr[:, 1]))
+  return dict(runs)
+
+
+@dataclasses.dataclass
+class Anchor:
+  """Official curves of one task: xs [T] env steps, ys [seeds, T]."""
+  task: str
+  xs: np.ndarray
+  ys: np.ndarray
+
+  @property
+  def mean(self) -> np.ndarray:
+    return self.ys.mean(0)
+
+  def at(self, env_step: float) -> Tuple[float, float, float, float]:
+    """(anchor step, mean, min, max) at the anchor step nearest env_step."""
+    i = int(np.argmin(np.abs(self.xs - env_step)))
+    col = self.ys[:, i]
+    return float(self.xs[i]), float(col.mean()), float(col.min()), float(col.max())
+
+
+def load_anchors(path: PathLike = ANCHOR_FILE) -> Dict[str, Anchor]:
+  """Official curves -> {task: Anchor} (gzip JSON list of {task, method, seed, xs, ys})."""
+  with gzip.open(path, 'rt') as f:
+    runs = json.load(f)
+  by_task = collections.defaultdict(list)
+  for run in runs:
+    by_task[normalize_task(run['task'])].append(run)
+  anchors = {}
+  for task, group in sorted(by_task.items()):
+    xs = np.asarray(group[0]['xs'], np.float64)
+    for run in group:
+      if not np.array_equal(np.asarray(run['xs'], np.float64), xs):
+        raise ValueError(f'{path}: runs of {task} have different xs')
+    ys = np.asarray([run['ys'] for run in group], np.float64)
+    anchors[task] = Anchor(task, xs, ys)
+  return anchors
+
+
+# --- statistics --------------------------------------------------------------
+
+
+def binned(steps: np.ndarray, scores: np.ndarray,
+           binsize: float = BINSIZE) -> Tuple[np.ndarray, np.ndarray]:
+  """Mean score per bin; a bin is labelled by its centre k*binsize (nearest)."""
+  keys = np.round(steps / binsize).astype(np.int64)
+  uniq = np.unique(keys)
+  means = np.asarray([scores[keys == k].mean() for k in uniq])
+  return uniq * binsize, means
+
+
+def mean_curve(runs: Sequence[Run], binsize: float = BINSIZE):
+  """Mean over runs of the binned curves (bins where any run has data)."""
+  per_run = [dict(zip(*binned(r.steps, r.scores, binsize))) for r in runs]
+  xs = sorted(set().union(*per_run))
+  ys = [np.mean([c[x] for c in per_run if x in c]) for x in xs]
+  return np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+
+
+@dataclasses.dataclass
+class Row:
+  task: str
+  runs: int
+  episodes: int
+  step: float            # mean over runs of the last env step
+  step_lo: float
+  step_hi: float
+  ours: float            # mean over runs of the last-5 mean
+  official: Optional[Tuple[float, float, float, float]]  # (step, mean, min, max)
+
+
+def summarize(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
+              last_n: int = LAST_N) -> List[Row]:
+  rows = []
+  for task, runs in sorted(runs_by_task.items()):
+    lasts = [float(r.steps[-1]) for r in runs]
+    ours = float(np.mean([r.scores[-last_n:].mean() for r in runs]))
+    step = float(np.mean(lasts))
+    official = anchors[task].at(step) if task in anchors else None
+    rows.append(Row(task, len(runs), sum(len(r.steps) for r in runs), step,
+                    min(lasts), max(lasts), ours, official))
+  return rows
+
+
+def _kstep(x: float) -> str:
+  if x >= 1e6:
+    return f'{x / 1e6:.2f}M'
+  return f'{x / 1e3:.0f}K' if x >= 1e3 else f'{x:.0f}'
+
+
+def format_table(rows: Sequence[Row], last_n: int = LAST_N) -> str:
+  """Markdown table: task, our last-N mean at the last step, official mean there."""
+  lines = [
+      f'| task | runs | episodes | last env step | ours: last-{last_n} mean | '
+      'official mean @ step | official min-max |',
+      '|---|---:|---:|---:|---:|---:|---:|',
+  ]
+  for r in rows:
+    step = _kstep(r.step) if r.step_lo == r.step_hi else \
+        f'{_kstep(r.step_lo)}-{_kstep(r.step_hi)}'
+    if r.official:
+      ostep, omean, omin, omax = r.official
+      off = f'{omean:.1f} @ {_kstep(ostep)}'
+      rng = f'{omin:.1f}-{omax:.1f}'
+    else:
+      off, rng = 'n/a (no anchor)', 'n/a'
+    lines.append(f'| {r.task} | {r.runs} | {r.episodes} | {step} | {r.ours:.1f} | '
+                 f'{off} | {rng} |')
+  with_anchor = [r for r in rows if r.official]
+  if len(with_anchor) > 1:
+    ours = np.mean([r.ours for r in with_anchor])
+    off = np.mean([r.official[1] for r in with_anchor])
+    lines.append(f'| **mean ({len(with_anchor)} tasks)** | | | | {ours:.1f} | '
+                 f'{off:.1f} | |')
+  return '\n'.join(lines)
+
+
+# --- plotting ----------------------------------------------------------------
+
+
+def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
+         out_png: PathLike, binsize: float = BINSIZE,
+         xmax: Optional[float] = None, ncols: int = 4) -> None:
+  """One panel per task: our runs and their mean, official mean and min-max band."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  from matplotlib.ticker import FuncFormatter
+
+  tasks = sorted(runs_by_task)
+  ncols = max(1, min(ncols, len(tasks)))
+  nrows = int(math.ceil(len(tasks) / ncols))
+  fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows),
+                           squeeze=False)
+  handles = {}
+  for ax, task in zip(axes.flat, tasks):
+    runs = runs_by_task[task]
+    our_max = max(float(r.steps[-1]) for r in runs)
+    right = xmax if xmax else max(our_max, binsize) * 1.05
+    anchor = anchors.get(task)
+    if anchor is not None:
+      keep = anchor.xs <= right + binsize
+      if not keep.any():
+        keep[0] = True
+      xs, ys = anchor.xs[keep], anchor.ys[:, keep]
+      handles['band'] = ax.fill_between(xs, ys.min(0), ys.max(0), color='tab:gray',
+                                        alpha=0.25, lw=0,
+                                        label=f'official min-max ({len(ys)} seeds)')
+      (handles['official'],) = ax.plot(xs, ys.mean(0), color='black', lw=1.6,
+                                       ls='--', marker='x' if len(xs) < 8 else None,
+                                       label='official DreamerV3 mean')
+    for r in (runs if len(runs) > 1 else ()):
+      bx, by = binned(r.steps, r.scores, binsize)
+      (handles['run'],) = ax.plot(bx, by, color='tab:blue', lw=0.8, alpha=0.45,
+                                  marker='.' if len(bx) < 8 else None,
+                                  label='ours, per run')
+    mx, my = mean_curve(runs, binsize)
+    (handles['ours'],) = ax.plot(mx, my, color='tab:blue', lw=2.2,
+                                 marker='o' if len(mx) < 8 else None, ms=4,
+                                 label='ours, mean')
+    ax.set_title(f'{task}  ({len(runs)} run{"s" if len(runs) > 1 else ""})', fontsize=10)
+    ax.set_xlim(0, right)
+    lo = min(0.0, min(float(r.scores.min()) for r in runs))
+    hi = max(1000.0, max(float(r.scores.max()) for r in runs))
+    ax.set_ylim(lo - 0.03 * (hi - lo), hi + 0.03 * (hi - lo))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _kstep(x)))
+    ax.grid(alpha=0.3, lw=0.5)
+    ax.tick_params(labelsize=8)
+  for i, ax in enumerate(axes.flat):
+    if i >= len(tasks):
+      ax.axis('off')
+    elif i + ncols >= len(tasks):  # no panel below: label the x axis
+      ax.set_xlabel('env steps', fontsize=9)
+  for ax in axes[:, 0]:
+    ax.set_ylabel('episode score', fontsize=9)
+  order = [handles[k] for k in ('ours', 'run', 'official', 'band') if k in handles]
+  legend_cols = len(order) if ncols >= 3 else min(len(order), 2)
+  legend_rows = int(math.ceil(len(order) / legend_cols))
+  fig.legend(order, [h.get_label() for h in order], loc='upper center',
+             ncol=legend_cols, fontsize=9, frameon=False)
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 * legend_rows / (3.2 * nrows)))
+  out_dir = os.path.dirname(os.path.abspath(out_png))
+  os.makedirs(out_dir, exist_ok=True)
+  fig.savefig(out_png, dpi=110)
+  plt.close(fig)
+
+
+# --- entry points ------------------------------------------------------------
+
+
+def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
+                anchors_path: PathLike = ANCHOR_FILE, binsize: float = BINSIZE,
+                xmax: Optional[float] = None, last_n: int = LAST_N) -> str:
+  """Write the PNG to out_png and return the markdown table (see module doc)."""
+  if last_n < 1:
+    raise ValueError(f'last_n must be >= 1, got {last_n}')
+  if binsize <= 0:
+    raise ValueError(f'binsize must be positive, got {binsize}')
+  runs_by_task = load_scores(logdirs)
+  anchors = load_anchors(anchors_path)
+  plot(runs_by_task, anchors, out_png, binsize=binsize, xmax=xmax)
+  return format_table(summarize(runs_by_task, anchors, last_n), last_n)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--logdir', nargs='+', action='extend', required=True,
+                      help='run directories holding scores.jsonl (several allowed)')
+  parser.add_argument('--out', default=None,
+                      help='PNG path (default: <first logdir>/scores.png)')
+  parser.add_argument('--anchors', default=ANCHOR_FILE, help='official curves file')
+  parser.add_argument('--binsize', type=float, default=BINSIZE,
+                      help='env steps per curve bin (default 10000)')
+  parser.add_argument('--xmax', type=float, default=None,
+                      help='x-axis limit in env steps (default: our last step)')
+  parser.add_argument('--last', type=int, default=LAST_N,
+                      help='episodes per run in the table mean (default 5)')
+  args = parser.parse_args(argv)
+  out = args.out
+  if out is None:
+    first = args.logdir[0]
+    out = os.path.join(first if os.path.isdir(first) else os.path.dirname(first) or '.',
+                       'scores.png')
+  try:
+    table = make_report(args.logdir, out, args.anchors, args.binsize, args.xmax,
+                        args.last)
+  except (FileNotFoundError, ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  print(table)
+  print(f'\nwrote {out}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,132 @@
+"""Tests of experiments/report.py: score curves vs the official DreamerV3 anchors (spec 7.7)."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def _write_scores(logdir, rows):
+  os.makedirs(logdir, exist_ok=True)
+  with open(os.path.join(logdir, 'scores.jsonl'), 'w') as f:
+    for row in rows:
+      f.write(json.dumps(row) + '\n')
+
+
+def _fake_run(logdir, seeds=(0, 1), task='walker_walk', last_step=100_000):
+  rows = []
+  for seed in seeds:
+    for i, step in enumerate(range(16_032, last_step + 1, 8_016)):
+      rows.append({'task': task, 'env_step': step, 'score': 100.0 + 10 * i + seed,
+                   'seed': seed})
+  _write_scores(logdir, rows)
+  return rows
+
+
+def test_anchor_file_matches_spec_7_7():
+  """Spec 7.7: 18 tasks x 5 seeds, xs 10K..490K; task mean 757.8 / median 868.5 at 490K."""
+  anchors = report.load_anchors()
+  from experiments.envs import DMC_PROPRIO_TASKS
+  assert sorted(anchors) == sorted(DMC_PROPRIO_TASKS)
+  means = []
+  for anchor in anchors.values():
+    assert anchor.ys.shape == (5, 49)
+    assert anchor.xs[0] == 10_000 and anchor.xs[-1] == 490_000
+    means.append(anchor.at(490_000)[1])
+  assert np.mean(means) == pytest.approx(757.8, abs=0.05)
+  assert np.median(means) == pytest.approx(868.5, abs=0.05)
+  assert np.mean([a.at(250_000)[1] for a in anchors.values()]) == pytest.approx(675.4, abs=0.05)
+  with gzip.open(report.ANCHOR_FILE, 'rt') as f:
+    assert json.load(f)[0]['task'].startswith('dmc_')  # mapped by normalize_task
+
+
+def test_make_report_writes_png_and_table(tmp_path):
+  """Spec 7.7: PNG written; table has our last-5 mean and the official mean at the nearest step."""
+  rows = _fake_run(str(tmp_path / 'run'))
+  out = tmp_path / 'plots' / 'scores.png'
+  table = report.make_report([str(tmp_path / 'run')], str(out))
+  with open(out, 'rb') as f:
+    assert f.read(8) == PNG_MAGIC
+  assert out.stat().st_size > 10_000
+  assert 'walker_walk' in table
+  # Our last-5 mean: mean over the two seeds of each seed's last 5 episodes.
+  ours = np.mean([np.mean([r['score'] for r in rows if r['seed'] == s][-5:]) for s in (0, 1)])
+  assert f'{ours:.1f}' in table
+  # Official mean at the anchor step nearest our last env step (96_192 -> 100K).
+  anchor = report.load_anchors()['walker_walk']
+  step, mean, lo, hi = anchor.at(96_192)
+  assert step == 100_000
+  assert f'{mean:.1f} @ 100K' in table and f'{lo:.1f}-{hi:.1f}' in table
+  assert '| walker_walk | 2 |' in table
+
+
+def test_several_logdirs_and_tasks(tmp_path):
+  """Spec 7.7: runs are (logdir, seed); several logdirs and tasks in one report."""
+  _fake_run(str(tmp_path / 'a'), seeds=(0,))
+  _fake_run(str(tmp_path / 'b'), seeds=(0,), last_step=60_000)
+  _write_scores(str(tmp_path / 'c'), [
+      {'task': 'dmc_cartpole_swingup', 'env_step': 20_000, 'score': 50.0, 'seed': 3},
+      {'task': 'point_mass_easy', 'env_step': 20_000, 'score': 5.0, 'seed': 3}])
+  runs = report.load_scores([tmp_path / 'a', tmp_path / 'b', tmp_path / 'c'])
+  assert sorted(runs) == ['cartpole_swingup', 'point_mass_easy', 'walker_walk']
+  assert len(runs['walker_walk']) == 2
+  table = report.make_report([tmp_path / 'a', tmp_path / 'b', tmp_path / 'c'],
+                             tmp_path / 'out.png')
+  assert '| walker_walk | 2 |' in table and '| cartpole_swingup | 1 |' in table
+  assert 'n/a (no anchor)' in table  # point_mass_easy has no official curve
+  assert 'mean (2 tasks)' in table
+  assert os.path.getsize(tmp_path / 'out.png') > 10_000
+
+
+def test_append_score_round_trip(tmp_path):
+  """append_score writes the lines the report reads."""
+  report.append_score(tmp_path, 'walker_walk', 2004, 12.5, seed=1)
+  report.append_score(tmp_path, 'walker_walk', 1002, 10.0, seed=1)
+  (run,) = report.load_scores(tmp_path)['walker_walk']
+  assert run.seed == 1 and run.steps.tolist() == [1002, 2004]
+  assert run.scores.tolist() == [10.0, 12.5]
+  with pytest.raises(ValueError, match='finite'):
+    report.append_score(tmp_path, 'walker_walk', 3006, float('nan'), seed=1)
+
+
+def test_bad_inputs_fail_clearly(tmp_path):
+  """Missing files and malformed lines name the file and line."""
+  with pytest.raises(FileNotFoundError, match='scores.jsonl'):
+    report.load_scores(tmp_path / 'missing')
+  path = tmp_path / 'scores.jsonl'
+  path.write_text('{"task": "walker_walk", "env_step": 1, "score": 1.0, "seed": 0}\n'
+                  '{"task": "walker_walk", "score": 1.0, "seed": 0}\n')
+  with pytest.raises(ValueError, match=r'scores.jsonl:2: missing field\(s\) \[.env_step.\]'):
+    report.load_scores(tmp_path)
+  path.write_text('not json\n')
+  with pytest.raises(ValueError, match='scores.jsonl:1: not valid JSON'):
+    report.load_scores(tmp_path)
+  path.write_text('\n')
+  with pytest.raises(ValueError, match='no episode scores'):
+    report.load_scores(tmp_path)
+
+
+def test_cli(tmp_path):
+  """`python experiments/report.py --logdir DIR --out PNG` prints the table."""
+  _fake_run(str(tmp_path / 'run'))
+  out = tmp_path / 'cli.png'
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'experiments', 'report.py'),
+       '--logdir', str(tmp_path / 'run'), '--out', str(out)],
+      capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+  assert proc.returncode == 0, proc.stderr
+  assert '| walker_walk |' in proc.stdout and 'official mean' in proc.stdout
+  assert out.exists()
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'experiments', 'report.py'),
+       '--logdir', str(tmp_path / 'nope')], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and 'error:' in proc.stderr
