@@ -1,0 +1,86 @@
+"""Learner update benchmark (issue: spec-exact, fast learner).
+
+Prints, for one size and dtype: compile seconds, median seconds per update over
+>= 10 updates after warm-up, FLOPs per update (XLA cost analysis), achieved
+GFLOP/s, this machine's measured f32 matmul GFLOP/s, peak memory, and the number
+of compilations (must be 1).
+
+  python bench/learner.py --size=size12m --dtype=float32 --updates=10
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+
+from absl import app, flags
+
+import agent  # noqa: F401  (jax compat first)
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agent import config as config_lib
+from agent import learning, networks, synthetic
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('size', 'size1m', 'Size preset.')
+flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
+flags.DEFINE_integer('updates', 10, 'Timed updates after warm-up.')
+flags.DEFINE_integer('warmup', 2, 'Untimed updates after compilation.')
+
+
+def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
+  """Measured f32 matmul throughput of this machine (XLA CPU)."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(reps):
+    out = f(a)
+  out.block_until_ready()
+  return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def main(_):
+  c = config_lib.make_config(size=FLAGS.size, compute_dtype=FLAGS.dtype)
+  spaces = synthetic.WALKER_SPACES
+  nets = networks.make_networks(spaces, c)
+  ts = learning.make_train_step(nets)
+  state = ts.init(jax.random.PRNGKey(0))
+  batch = jax.device_put(synthetic.make_batch(spaces, c))
+  print(f'size={c.size} dtype={c.compute_dtype} params={networks.count_params(state.params):,} '
+        f'B={c.batch_size} T={c.batch_length} H={c.imag_horizon} devices={jax.devices()}')
+
+  t0 = time.perf_counter()
+  lowered = ts.update.lower(state, batch)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - t0
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float(cost.get('flops', float('nan'))) if cost else float('nan')
+
+  for _ in range(FLAGS.warmup):
+    state, metrics, outs = ts.update(state, batch)
+  jax.block_until_ready(state)
+  times = []
+  for _ in range(FLAGS.updates):
+    t = time.perf_counter()
+    state, metrics, outs = ts.update(state, batch)
+    jax.block_until_ready((state, metrics, outs))
+    times.append(time.perf_counter() - t)
+  med = statistics.median(times)
+  peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  mm = matmul_gflops()
+  print(f'compile_s={compile_s:.1f}')
+  print(f'update_s_median={med:.3f} (min {min(times):.3f}, max {max(times):.3f}, n={len(times)})')
+  print(f'flops_per_update={flops / 1e9:.1f} GFLOP')
+  print(f'achieved_gflops={flops / med / 1e9:.1f}  matmul_peak_gflops={mm:.1f}  '
+        f'fraction_of_peak={flops / med / 1e9 / mm:.2f}')
+  print(f'peak_rss_mb={peak_mb:.0f}')
+  print(f'compilations={ts.update._cache_size()}  loss={float(metrics["loss/total"]):.3f}')
+
+
+if __name__ == '__main__':
+  app.run(main)

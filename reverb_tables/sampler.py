@@ -1,0 +1,155 @@
+"""Training / report batches from the Reverb replay (spec 5.3, 5.4, 5.8, 5.9).
+
+``sample_train`` (spec 5.3): the online queue is popped first, oldest first,
+without blocking when it is empty (spec 5.4); the remaining rows are drawn
+uniformly, independently and with replacement from ``uniform``.
+``sample_report`` never pops the queue (spec 5.3, 6.4).
+
+Annotation (spec 5.3): is_first[:, 0] = True; is_last |= is_first shifted left
+by one (the last column gets False), marking the step before a mid-window
+is_first as last.
+
+Replay context (spec 5.8, 5.9): the latents of every index of every row that
+has an entry in the LatentStore (the freshest write-back, always newer than the
+collection-time latents stored in Reverb) are replaced by it; in particular
+index 0, the context step, starts the RSSM from the freshest stored latent.
+``write_back`` stores the posteriors of indices 1..64 after an update.
+
+Seeding (spec 6.5): Reverb's Uniform selector runs inside the server and has
+no seed, so uniform draws are not reproducible from ``config.seed`` (the
+reference fixes its selector rng to 0; spec 6.5 asks Ajax to derive it from
+config.seed). ``seed`` is kept for API stability only; see docs/deviations.md
+"Replay".
+
+Queue size check: the queue size is read with ``client.server_info()``
+(~0.3-0.6 ms in process). The local ``reverb.Table.can_sample`` costs < 1 us
+but is wrong after a checkpoint restore (the server replaces the Python tables),
+and the Python client has no sample timeout, so ``server_info`` is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import reverb
+import tree
+
+from agent.config import DreamerConfig
+from reverb_tables.adder import step_spec_from_server
+from reverb_tables.latent_store import LatentStore
+from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE
+
+LATENT_KEY = 'latent'
+STEP_ID_KEY = 'step_id'
+
+
+def annotate(batch: Dict[str, Any]) -> Dict[str, Any]:
+  """In-place spec 5.3 annotation of a [B, L, ...] batch; returns it."""
+  is_first = batch['is_first']
+  is_first[:, 0] = True
+  nxt = np.zeros_like(is_first)
+  nxt[:, :-1] = is_first[:, 1:]
+  batch['is_last'] = np.logical_or(batch['is_last'], nxt)
+  return batch
+
+
+class ReplaySampler:
+  """Assembles annotated [B, 65, ...] numpy batches (spec 5.3, 5.8).
+
+  Args:
+    client: ``reverb.Client`` of the replay server.
+    config: DreamerConfig (batch_size, seq_len, online_queue).
+    latent_store: optional LatentStore with write-back latents (spec 5.9).
+    seed: unused for item selection (Reverb's Uniform selector is server-side
+      and unseedable; module doc and docs/deviations.md "Replay").
+    step_spec: per-step spec; read from the ``uniform`` signature if omitted.
+  """
+
+  def __init__(self, client: reverb.Client, config: DreamerConfig,
+               latent_store: Optional[LatentStore] = None,
+               seed: Optional[int] = None, step_spec: Any = None, *,
+               uniform_table: str = UNIFORM_TABLE,
+               online_table: str = ONLINE_TABLE):
+    self._client = client
+    self._config = config
+    self._store = latent_store
+    self.seed = config.seed if seed is None else seed
+    self._uniform_table = uniform_table
+    self._online_table = online_table
+    if step_spec is None:
+      step_spec = step_spec_from_server(client, uniform_table)
+    # Structure only; leaves are sampled flat in tree.flatten order.
+    self._structure = tree.map_structure(lambda _: None, step_spec)
+    self._num_leaves = len(tree.flatten(self._structure))
+    self.num_online_rows = 0
+    self.num_uniform_rows = 0
+
+  @property
+  def latent_store(self) -> Optional[LatentStore]:
+    return self._store
+
+  # -- sampling -----------------------------------------------------------------
+  def online_size(self) -> int:
+    """Items currently in the online queue (spec 5.4)."""
+    info = self._client.server_info()
+    return int(info[self._online_table].current_size)
+
+  def sample_train(self, batch_size: Optional[int] = None) -> Dict[str, Any]:
+    """Online rows first (non-blocking), then uniform rows (spec 5.3, 5.4)."""
+    batch_size = batch_size or self._config.batch_size
+    rows: List[list] = []
+    if self._config.online_queue:
+      num_online = min(batch_size, self.online_size())
+      if num_online:
+        rows += self._sample(self._online_table, num_online)
+        self.num_online_rows += num_online
+    num_uniform = batch_size - len(rows)
+    if num_uniform:
+      rows += self._sample(self._uniform_table, num_uniform)
+      self.num_uniform_rows += num_uniform
+    return self._assemble(rows)
+
+  def sample_report(self, batch_size: Optional[int] = None) -> Dict[str, Any]:
+    """Uniform rows only; never pops the online queue (spec 5.3, 6.4)."""
+    batch_size = batch_size or self._config.batch_size
+    return self._assemble(self._sample(self._uniform_table, batch_size))
+
+  # -- write-back ---------------------------------------------------------------
+  def write_back(self, step_ids, latents) -> int:
+    """Stores fresh posteriors of trained steps (spec 5.9).
+
+    Args:
+      step_ids: int [B, T, 2], the batch's ``step_id[:, 1:]``.
+      latents: packed {'deter': [B, T, D], 'stoch': [B, T, S] uint8}
+        (``agent.latents.pack`` of the training posteriors).
+    Returns: entries written.
+    """
+    if self._store is None:
+      raise ValueError('ReplaySampler has no latent_store to write back to')
+    latents = {k: np.asarray(v) for k, v in latents.items()}
+    return self._store.update(np.asarray(step_ids), latents)
+
+  # -- internals ----------------------------------------------------------------
+  def _sample(self, table: str, num: int) -> List[list]:
+    rows = []
+    for sample in self._client.sample(table, num, emit_timesteps=False):
+      data = sample.data
+      if len(data) != self._num_leaves:
+        raise ValueError(f'table {table!r} returned {len(data)} columns, step '
+                         f'spec has {self._num_leaves}')
+      rows.append(data)
+    return rows
+
+  def _assemble(self, rows: List[list]) -> Dict[str, Any]:
+    columns = [np.stack([row[i] for row in rows])
+               for i in range(self._num_leaves)]
+    batch = tree.unflatten_as(self._structure, columns)
+    annotate(batch)
+    if self._store is not None:
+      fresh, found = self._store.lookup(batch[STEP_ID_KEY])
+      if found.any():
+        latent = batch[LATENT_KEY]
+        for key in ('deter', 'stoch'):
+          latent[key] = np.where(found[..., None], fresh[key], latent[key])
+    return batch

@@ -1,0 +1,144 @@
+"""Reverb tables and server for the DreamerV3 replay (spec 5.1, 5.4, 6.1).
+
+Two tables share the same chunks (spec 5.1, 5.4):
+
+  ``uniform``  every 65-step window (stride 1), Uniform sampler, FIFO eviction
+               at ``config.replay_capacity`` items (spec 5.1, 5.5: uniform only).
+  ``online``   a FIFO queue (``reverb.Table.queue``) holding the non-overlapping
+               windows that start at 1, 66, 131, ... of each worker stream
+               (spec 5.4). Training pops it first (spec 5.3).
+
+Items are windows of ``config.seq_len`` = T + replay_context = 65 steps
+(spec 5.1, 5.8); the signature is ``agent.types.step_spec`` with a leading time
+axis of that length.
+
+Rate limiting (spec 6.1):
+
+  ``'min_size'`` (single process) MinSize(1): the synchronous loop itself keeps
+      the train ratio with ``reverb_tables.ratio.TrainSchedule`` and gates on
+      ``config.train_fill`` items (spec 6.2).
+  ``'ratio'`` (multi process) SampleToInsertRatio with
+      samples_per_insert = train_ratio / batch_length (8 at RR 512: B*T/T rows
+      per inserted step, spec 6.1 "parallel" script), min_size_to_sample =
+      ``config.train_fill`` (spec 6.2 gate; the reference parallel script uses
+      B*65 = 1040, see docs/deviations.md "Replay") and error_buffer = 4*B
+      samples (the reference tolerance, spec 6.1), widened if needed to the
+      minimum Reverb accepts (2 * samples_per_insert range).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Sequence
+
+import reverb
+import tensorflow as tf
+import tree
+
+from agent.config import DreamerConfig
+
+UNIFORM_TABLE = 'uniform'
+ONLINE_TABLE = 'online'
+TABLE_NAMES = (UNIFORM_TABLE, ONLINE_TABLE)
+RATE_LIMITERS = ('min_size', 'ratio')
+
+
+def window_signature(step_spec, config: DreamerConfig):
+  """Per-step dm_env specs -> nested ``tf.TensorSpec`` of one item [65, ...].
+
+  spec 5.1: an item is ``config.seq_len`` consecutive steps of one worker.
+  """
+  length = config.seq_len
+
+  def to_tensor_spec(path, spec):
+    name = '/'.join(str(p) for p in path)
+    return tf.TensorSpec((length,) + tuple(spec.shape), tf.as_dtype(spec.dtype),
+                         name=name)
+
+  return tree.map_structure_with_path(to_tensor_spec, step_spec)
+
+
+def online_queue_size(config: DreamerConfig) -> int:
+  """Capacity of the online queue (spec 5.4 says unbounded).
+
+  A Reverb queue blocks inserts when full, so the bound is set to the number of
+  non-overlapping windows a full replay holds (capacity / 65, 76.9K at 5e6):
+  with 16 workers the queue gains 16/65 items per vector step and training pops
+  up to B per update, so it can only fill if nothing trains for >= capacity
+  transitions.
+  """
+  return max(1, config.replay_capacity // config.seq_len)
+
+
+def ratio_error_buffer(config: DreamerConfig) -> float:
+  """SampleToInsertRatio tolerance: 4*B samples (spec 6.1 parallel script).
+
+  Reverb requires the allowed range (2 * error_buffer) to be at least
+  2 * max(1, samples_per_insert), so tiny test configs are widened to that.
+  """
+  spi = config.train_ratio / config.batch_length
+  return float(max(4 * config.batch_size, spi, 1.0))
+
+
+def make_rate_limiter(config: DreamerConfig, rate_limiter: str = 'min_size'):
+  """The ``uniform`` table's rate limiter (spec 6.1, 6.2); see module doc."""
+  if rate_limiter == 'min_size':
+    return reverb.rate_limiters.MinSize(1)
+  if rate_limiter == 'ratio':
+    return reverb.rate_limiters.SampleToInsertRatio(
+        samples_per_insert=config.train_ratio / config.batch_length,
+        min_size_to_sample=max(1, config.train_fill),
+        error_buffer=ratio_error_buffer(config))
+  raise ValueError(
+      f'rate_limiter must be one of {RATE_LIMITERS}, got {rate_limiter!r}')
+
+
+def make_replay_tables(step_spec, config: DreamerConfig,
+                       rate_limiter: str = 'min_size') -> List[reverb.Table]:
+  """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5, 6.1).
+
+  Args:
+    step_spec: per-step dm_env specs, ``agent.types.step_spec(spaces, config)``.
+    config: the DreamerConfig (capacity, seq_len, batch sizes, train ratio).
+    rate_limiter: 'min_size' (single-process synchronous loop, spec 6.1) or
+      'ratio' (multi-process SampleToInsertRatio, spec 6.1 parallel script).
+  """
+  if config.batch_size * config.seq_len > config.replay_capacity:
+    # spec 5.1: "A capacity check asserts batch_size*length <= capacity".
+    raise ValueError(
+        f'replay_capacity {config.replay_capacity} < batch_size*seq_len '
+        f'{config.batch_size * config.seq_len} (spec 5.1 capacity check)')
+  signature = window_signature(step_spec, config)
+  uniform = reverb.Table(
+      name=UNIFORM_TABLE,
+      sampler=reverb.selectors.Uniform(),       # spec 5.5: uniform only
+      remover=reverb.selectors.Fifo(),          # spec 5.1: FIFO eviction
+      max_size=config.replay_capacity,          # spec 5.1: items, not episodes
+      rate_limiter=make_rate_limiter(config, rate_limiter),
+      signature=signature)
+  online = reverb.Table.queue(                  # spec 5.4: FIFO, pop on sample
+      name=ONLINE_TABLE, max_size=online_queue_size(config),
+      signature=signature)
+  return [uniform, online]
+
+
+def make_server(tables: Sequence[reverb.Table], port: Optional[int] = None,
+                checkpoint_dir: Optional[str] = None) -> reverb.Server:
+  """Starts an in-process Reverb server (``port=None`` picks a free port).
+
+  With ``checkpoint_dir`` the server uses ``DefaultCheckpointer(checkpoint_dir)``:
+  ``client.checkpoint()`` writes there, and at construction the server loads
+  the latest checkpoint found there (resume, see ``reverb_tables.checkpoint``).
+
+  Note: when a checkpoint is loaded, the server replaces the tables with the
+  restored ones, so the ``tables`` objects passed in no longer reflect the
+  live state; query sizes with ``client.server_info()``.
+  """
+  checkpointer = None
+  if checkpoint_dir is not None:
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(path=checkpoint_dir)
+  server = reverb.Server(tables=list(tables), port=port,
+                         checkpointer=checkpointer)
+  logging.info('Reverb replay server on port %d (checkpoint_dir=%s)',
+               server.port, checkpoint_dir)
+  return server
