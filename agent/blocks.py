@@ -63,9 +63,10 @@ def dense(x, w, b):
 def block_dense(x, w, b):
   """Block-diagonal dense (spec 1.2): output block k sees input block k only."""
   g, i, o = w.shape
-  xb = x.reshape(x.shape[:-1] + (g, i))
-  y = jnp.einsum('...ki,kio->...ko', xb, w.astype(x.dtype))
-  return y.reshape(x.shape[:-1] + (g * o,)) + b.astype(x.dtype)
+  lead = x.shape[:-1]
+  xb = jnp.moveaxis(x.reshape((-1, g, i)), 1, 0)                   # [g, N, i]
+  y = jnp.einsum('kni,kio->kno', xb, w.astype(x.dtype))            # block axis leading
+  return jnp.moveaxis(y, 0, 1).reshape(lead + (g * o,)) + b.astype(x.dtype)
 
 
 def rms_norm(x, scale, eps: float = 1e-4):

@@ -54,8 +54,12 @@ def val_params(params):
   return {k: v for k, v in params.items() if nets_lib.module_of(k) == 'val'}
 
 
-def loss_fn(params, slow_params, retnorm, batch, key, nets: nets_lib.DreamerNetworks):
-  """Total loss = sum_k scale_k mean(loss_k) (spec 4.1). Returns (loss, aux)."""
+def compute_losses(params, slow_params, retnorm, batch, key,
+                   nets: nets_lib.DreamerNetworks):
+  """Every un-reduced loss term of one batch (Algorithms E, F, G; spec 3.20).
+
+  Returns (losses {name: [B, T] or [B, T-1]}, (new retnorm, metrics, outs)).
+  """
   c: DreamerConfig = nets.config
   B, L = batch['is_first'].shape
   T = L - 1
@@ -115,13 +119,22 @@ def loss_fn(params, slow_params, retnorm, batch, key, nets: nets_lib.DreamerNetw
       val_logits=rep_logits, slow_pred=rep_slow, boot=ret[:, 0].reshape(B, T),
       reward=reward, is_last=is_last, is_terminal=is_terminal, config=c)
   chex.assert_shape(losses['repval'], (B, T - 1))
-
-  scales = loss_scales(c, nets.spaces)
-  total = sum(scales[k] * jnp.mean(v) for k, v in losses.items())
-  chex.assert_shape(total, ())
   metrics.update({f'loss/{k}': jnp.mean(v) for k, v in losses.items()})
   outs = latents_lib.pack(sg(deter), sg(stoch), c)
-  return total.astype(jnp.float32), (new_retnorm, metrics, outs)
+  return losses, (new_retnorm, metrics, outs)
+
+
+def loss_fn(params, slow_params, retnorm, batch, key, nets: nets_lib.DreamerNetworks):
+  """Total loss = sum_k scale_k mean(loss_k) (spec 4.1): an f32 scalar.
+
+  Means, not sums: masked or weighted-out entries count in the denominators.
+  Returns (loss, (new retnorm, metrics, outs)).
+  """
+  losses, aux = compute_losses(params, slow_params, retnorm, batch, key, nets)
+  scales = loss_scales(nets.config, nets.spaces)
+  total = sum(scales[k] * jnp.mean(v) for k, v in losses.items())
+  chex.assert_shape(total, ())
+  return total.astype(jnp.float32), aux
 
 
 def loss_scales(config: DreamerConfig, spaces: EnvSpaces) -> dict:

@@ -74,22 +74,23 @@ class Head(hk.Module):
     return W
 
 
-def _build(spaces: EnvSpaces, config: DreamerConfig):
+def _module_builders(spaces: EnvSpaces, config: DreamerConfig) -> dict:
+  """One zero-argument builder per module group; each returns its weights."""
   c = config
   act = spaces.act_dim
   pol_out = {'logits': act} if spaces.discrete else {'mean': act, 'std': act}
   return {
-      'enc': Encoder(spaces, c)(),
-      'dyn': rssm_lib.RSSM(c, act, c.units)(),
-      'dec': Decoder(spaces, c)(),
-      'rew': Head(c.feat_dim, c.rew_layers, c.units, {'out': c.bins},
-                  c.outscale_rew, 'rew')(),
-      'con': Head(c.feat_dim, c.con_layers, c.units, {'out': 1},
-                  c.outscale_con, 'con')(),
-      'pol': Head(c.feat_dim, c.pol_layers, c.units, pol_out,
-                  c.outscale_pol, 'pol')(),
-      'val': Head(c.feat_dim, c.val_layers, c.units, {'out': c.bins},
-                  c.outscale_val, 'val')(),
+      'enc': lambda: Encoder(spaces, c)(),
+      'dyn': lambda: rssm_lib.RSSM(c, act, c.units)(),
+      'dec': lambda: Decoder(spaces, c)(),
+      'rew': lambda: Head(c.feat_dim, c.rew_layers, c.units, {'out': c.bins},
+                          c.outscale_rew, 'rew')(),
+      'con': lambda: Head(c.feat_dim, c.con_layers, c.units, {'out': 1},
+                          c.outscale_con, 'con')(),
+      'pol': lambda: Head(c.feat_dim, c.pol_layers, c.units, pol_out,
+                          c.outscale_pol, 'pol')(),
+      'val': lambda: Head(c.feat_dim, c.val_layers, c.units, {'out': c.bins},
+                          c.outscale_val, 'val')(),
   }
 
 
@@ -99,6 +100,7 @@ class DreamerNetworks:
   config: DreamerConfig
   init: Callable
   weights: Callable
+  weights_subset: Callable
 
   # --- encoder / decoder ------------------------------------------------------
   def encode(self, W, obs: dict):
@@ -154,15 +156,30 @@ def feat(deter, stoch):
 
 
 def make_networks(spaces: EnvSpaces, config: DreamerConfig) -> DreamerNetworks:
-  transformed = hk.transform(lambda: _build(spaces, config))
+  transforms = {m: hk.transform(f)
+                for m, f in _module_builders(spaces, config).items()}
 
   def init(key):
-    return transformed.init(key)
+    params = {}
+    for m, k in zip(MODULES, jax.random.split(key, len(MODULES))):
+      params.update(transforms[m].init(k))
+    return params
+
+  def weights_subset(params):
+    """Structured weights of the module groups present in `params`."""
+    present = {module_of(k) for k in params}
+    return {m: transforms[m].apply(
+        {k: v for k, v in params.items() if module_of(k) == m}, None)
+            for m in MODULES if m in present}
 
   def weights(params):
-    return transformed.apply(params, None)
+    W = weights_subset(params)
+    missing = set(MODULES) - set(W)
+    if missing:
+      raise ValueError(f'params lack module group(s) {sorted(missing)}')
+    return W
 
-  return DreamerNetworks(spaces, config, init, weights)
+  return DreamerNetworks(spaces, config, init, weights, weights_subset)
 
 
 def module_of(param_path: str) -> str:

@@ -100,20 +100,28 @@ def core(W, deter, stoch_flat, x2, config: DreamerConfig):
   x0 = _embed(W['dynin0'], deter, eps)
   x1 = _embed(W['dynin1'], stoch_flat, eps)
   x = jnp.concatenate([x0, x1, x2.astype(dtype)], -1)            # [B, 3H]
-  kernel = W['dynhid0']['w'].astype(dtype)                         # [g, D/g + 3H, D/g]
-  k_deter, k_x = kernel[:, :D // g], kernel[:, D // g:]
-  hid = jnp.einsum('bki,kio->bko', deter.reshape(-1, g, D // g), k_deter)
-  hid = hid + jnp.einsum('bi,kio->bko', x, k_x)                    # same x in every block
-  hid = hid.reshape(-1, D) + W['dynhid0']['b'].astype(dtype)
-  hid = jax.nn.silu(blocks.rms_norm(hid, W['dynhid0']['scale'], eps))  # norm over full D
-  gates = blocks.block_dense(hid, W['dyngru']['w'], W['dyngru']['b'])  # no norm, no act
-  gates = gates.reshape(-1, g, 3 * D // g)
+  # The block maths run in block-major layout [g, B, D/g] so that XLA:CPU sees
+  # batched matmuls with the batch (block) axis leading; measured ~1.8x faster
+  # than one '...ki,kio' einsum on [B, g, D/g]. Same numbers (bench notes).
+  Dg = D // g
+  kernel = W['dynhid0']['w'].astype(dtype)                         # [g, Dg + 3H, Dg]
+  dk = jnp.swapaxes(deter.reshape(-1, g, Dg), 0, 1)                # [g, B, Dg]
+  hid = (jnp.einsum('kbi,kio->kbo', dk, kernel[:, :Dg]) +
+         jnp.einsum('bi,kio->kbo', x, kernel[:, Dg:]) +         # same x in every block
+         W['dynhid0']['b'].astype(dtype).reshape(g, 1, Dg))
+  # RMSNorm over the FULL deter vector (both block axes), f32 statistics.
+  h32 = hid.astype(jnp.float32)
+  ms = jnp.mean(h32 * h32, (0, 2), keepdims=True)
+  scale = W['dynhid0']['scale'].reshape(g, 1, Dg)
+  hid = jax.nn.silu((h32 * jax.lax.rsqrt(ms + eps) * scale).astype(dtype))
+  gates = (jnp.einsum('kbi,kio->kbo', hid, W['dyngru']['w'].astype(dtype)) +
+           W['dyngru']['b'].astype(dtype).reshape(g, 1, 3 * Dg))   # no norm, no act
   r, c, u = jnp.split(gates, 3, -1)                                # per-block [r | c | u]
-  r, c, u = (y.reshape(-1, D) for y in (r, c, u))
   r = jax.nn.sigmoid(r)
   c = jnp.tanh(r * c)
   u = jax.nn.sigmoid(u - 1)
-  return (u * c + (1 - u) * deter).astype(dtype)
+  out = u * c + (1 - u) * dk
+  return jnp.swapaxes(out, 0, 1).reshape(-1, D).astype(dtype)
 
 
 def token_projection(W, tokens, config: DreamerConfig):

@@ -1,0 +1,148 @@
+"""Acme ``ActorLearnerBuilder`` for DreamerV3 (spec 5, 6.1, 7.1).
+
+Thin: every method delegates to ``reverb_tables`` (tables, adder, sampler,
+latent store) or to ``agent.learning`` / ``agent.acting`` through
+``agent.learner`` and ``agent.actor``. Shaped like Acme's JAX agents
+(``acme/agents/jax/r2d2/builder.py``); acme 0.4.0's interface has no
+``make_policy``, so it is an extra method here with the signature later Acme
+releases use.
+
+  builder = DreamerBuilder(config, spaces, num_envs=16)
+  tables  = builder.make_replay_tables()                 # uniform + online (5.1, 5.4)
+  server  = reverb_tables.tables.make_server(tables, checkpoint_dir=...)
+  client  = server.localhost_client()
+  adder   = builder.make_adder(client)                   # WindowAdder (5.1-5.4)
+  dataset = builder.make_dataset_iterator(client)        # ReplayIterator (5.3, 5.8)
+  nets    = builder.make_networks()
+  learner = builder.make_learner(key, nets, dataset, client, counter)
+  policy  = builder.make_policy(nets)                    # agent.acting (7.1)
+  actor   = builder.make_actor(key2, policy, adder, variable_source=learner)
+
+In one process (the synchronous loop) the learner is the variable source and
+the actor refreshes its params before each policy call; in separate processes
+(a later Launchpad issue) the same methods take a remote client and a remote
+variable source. Rate limiting: ``rate_limiter='min_size'`` for the
+synchronous loop (the loop keeps the ratio, spec 6.1), ``'ratio'`` for
+separate processes (SampleToInsertRatio, spec 6.1 "parallel").
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Optional
+
+import jax
+import reverb
+from acme import core
+from acme.agents.jax import builders
+from acme.jax import variable_utils
+from acme.utils import counting
+
+from agent import acting
+from agent import networks as nets_lib
+from agent.actor import DreamerActor, make_policy_fn
+from agent.config import DreamerConfig
+from agent.learner import DreamerLearner, ReplayIterator
+from agent.types import EnvSpaces, step_spec
+from reverb_tables.adder import WindowAdder
+from reverb_tables.latent_store import LatentStore
+from reverb_tables.sampler import ReplaySampler
+from reverb_tables.tables import make_replay_tables
+
+
+class DreamerBuilder(builders.ActorLearnerBuilder):
+  """Builds DreamerV3's replay tables, adder, dataset, learner and actor.
+
+  Args:
+    config: the DreamerConfig.
+    spaces: the env's EnvSpaces.
+    num_envs: env workers N (one adder stream and latent-store ring each).
+    rate_limiter: 'min_size' (synchronous loop) or 'ratio' (multi process).
+    chunk_length: WindowAdder chunk length (docs/deviations.md "Replay").
+    eval_policy: 'sample' (paper, spec 7.3) or 'mode' for evaluation actors.
+    learner_logger_fn: factory of the learner's acme Logger (or None).
+  """
+
+  def __init__(self, config: DreamerConfig, spaces: EnvSpaces, *,
+               num_envs: int, rate_limiter: str = 'min_size',
+               chunk_length: int = 16, eval_policy: str = 'sample',
+               learner_logger_fn=lambda: None, learner_log_every: int = 0):
+    if num_envs < 1:
+      raise ValueError(f'num_envs must be >= 1, got {num_envs}')
+    self.config = config
+    self.spaces = spaces
+    self.num_envs = int(num_envs)
+    self._rate_limiter = rate_limiter
+    self._chunk_length = chunk_length
+    self._eval_policy = eval_policy
+    self._logger_fn = learner_logger_fn
+    self._log_every = learner_log_every
+    self.step_spec = step_spec(spaces, config)
+
+  # -- networks / policy --------------------------------------------------------
+  def make_networks(self) -> nets_lib.DreamerNetworks:
+    return nets_lib.make_networks(self.spaces, self.config)
+
+  def make_policy(self, networks: nets_lib.DreamerNetworks,
+                  environment_spec=None, evaluation: bool = False):
+    """(policy, mode): ``agent.acting.make_policy`` and the sampling mode.
+
+    Training always samples (spec 7.1); evaluation uses ``eval_policy``.
+    """
+    del environment_spec
+    mode = self._eval_policy if evaluation else 'sample'
+    return acting.make_policy(networks), mode
+
+  # -- replay ---------------------------------------------------------------------
+  def make_replay_tables(self, environment_spec=None) -> List[reverb.Table]:
+    """``uniform`` + ``online`` tables (spec 5.1, 5.4, 6.1)."""
+    del environment_spec  # the step spec comes from (spaces, config)
+    return make_replay_tables(self.step_spec, self.config, self._rate_limiter)
+
+  def make_adder(self, replay_client: reverb.Client) -> WindowAdder:
+    """One stride-1 65-step window stream per env (spec 5.1-5.4)."""
+    return WindowAdder(replay_client, self.config, self.num_envs,
+                       self.step_spec, chunk_length=self._chunk_length)
+
+  def make_dataset_iterator(self, replay_client: reverb.Client) -> ReplayIterator:
+    """Training batches (5.3) with write-back latents (5.8, 5.9)."""
+    store = LatentStore(self.config, self.num_envs)
+    sampler = ReplaySampler(replay_client, self.config, store,
+                            seed=self.config.seed, step_spec=self.step_spec)
+    return ReplayIterator(sampler)
+
+  # -- learner / actor --------------------------------------------------------------
+  def make_learner(self, random_key, networks: nets_lib.DreamerNetworks,
+                   dataset: Iterator, replay_client: Optional[reverb.Client] = None,
+                   counter: Optional[counting.Counter] = None) -> DreamerLearner:
+    del replay_client  # the write-back goes through the dataset's latent store
+    return DreamerLearner(networks, dataset, random_key, counter=counter,
+                          logger=self._logger_fn(), log_every=self._log_every)
+
+  def make_actor(self, random_key, policy_network, adder=None,
+                 variable_source: Optional[core.VariableSource] = None, *,
+                 num_envs: Optional[int] = None, on_add=None,
+                 policy_fn=None) -> DreamerActor:
+    """A batched actor over ``num_envs`` (default N) envs (spec 7.1).
+
+    ``policy_network`` is what ``make_policy`` returns. The variable source
+    (the learner, or a remote one) is read through an acme VariableClient
+    with key 'policy' refreshed on every ``actor.update()``.
+    """
+    if variable_source is None:
+      raise ValueError('make_actor needs a variable_source (the learner)')
+    policy, mode = policy_network
+    client = variable_utils.VariableClient(variable_source, 'policy')
+    return DreamerActor(policy, self.spaces, num_envs or self.num_envs,
+                        random_key, client, adder, mode=mode, on_add=on_add,
+                        policy_fn=policy_fn)
+
+
+def seed_keys(seed: int):
+  """Named PRNG keys of a run (spec 6.5): learner init/update, actor, eval."""
+  root = jax.random.PRNGKey(seed)
+  learner, actor, evaluation = jax.random.split(root, 3)
+  return {'learner': learner, 'actor': actor, 'eval': evaluation}
+
+
+# Re-exported for callers that build a policy function once and share it.
+__all__ = ['DreamerBuilder', 'seed_keys', 'make_policy_fn']

@@ -1,0 +1,212 @@
+"""Acme learner for DreamerV3 (Algorithm J, spec 5.3, 5.8, 5.9, 6.3).
+
+`DreamerLearner.step()` is one gradient update of the synchronous loop:
+
+  batch = next(iterator)                 # ReplaySampler.sample_train: online
+                                         # queue first, then uniform (5.3, 5.4),
+                                         # context latents overlaid (5.8)
+  state, metrics, outs = update(state, batch)    # agent.learning (Algorithm J)
+  write_back(batch['step_id'][:, 1:], outs)      # fresh posteriors (5.9),
+                                                 # computed with pre-update params
+  counter / logger                               # metrics
+
+The jitted update compiles once (check ``update_cache_size() == 1``); the
+batch is validated on the host (``agent.learning.check_batch``) before the
+first call and whenever its shapes change.
+
+``get_variables(['policy'])`` returns the acting parameters (enc, dyn, pol;
+``agent.acting.acting_params``, spec 6.3a) for actors; 'params' returns every
+trainable parameter. Because the update donates its input state, returned
+variables are copies (made at most once per update) that stay valid after
+later updates. ``save()`` / ``restore()`` round-trip the full
+``TrainingState`` (params, slow critic, optimizer, return normaliser, update
+count, rng) as numpy trees.
+
+For a separate learner process later: the iterator only needs ``__next__``
+and ``write_back`` (``ReplayIterator`` over a ``ReplaySampler`` on a Reverb
+client), and the learner is the ``core.VariableSource`` of the actors.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from acme import core
+from acme.utils import counting
+
+from agent import acting
+from agent import learning
+from agent import networks as nets_lib
+
+VARIABLE_NAMES = ('policy', 'params')
+
+
+class ReplayIterator:
+  """Dataset iterator over a ``reverb_tables.sampler.ReplaySampler``.
+
+  ``next()`` is ``sample_train()`` (spec 5.3); ``write_back`` forwards to the
+  sampler's LatentStore (spec 5.9). This is what
+  ``DreamerBuilder.make_dataset_iterator`` returns.
+  """
+
+  def __init__(self, sampler):
+    self.sampler = sampler
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Dict[str, Any]:
+    return self.sampler.sample_train()
+
+  def write_back(self, step_ids, latents) -> int:
+    return self.sampler.write_back(step_ids, latents)
+
+  @property
+  def latent_store(self):
+    return self.sampler.latent_store
+
+
+class DreamerLearner(core.Learner):
+  """Wraps ``agent.learning.make_train_step`` (Algorithm J) as an Acme learner.
+
+  Args:
+    networks: ``agent.networks.make_networks(spaces, config)``.
+    iterator: yields [B, T+1] replay batches (agent/types.py layout); if it
+      has ``write_back(step_ids, latents)`` that is used for spec 5.9.
+    random_key: jax key for ``TrainingState`` init (params and update rng).
+    write_back: optional explicit write-back callable (overrides the
+      iterator's); pass ``False`` to disable write-back.
+    counter: acme Counter; incremented with ``learner_steps``.
+    logger: acme Logger; gets the metrics of every ``log_every``-th step.
+    log_every: steps between logger writes (0 = never).
+    train_step: a prebuilt ``learning.TrainStep`` to share (tests, bench).
+  """
+
+  def __init__(self, networks: nets_lib.DreamerNetworks, iterator: Iterator,
+               random_key, *, write_back: Any = None,
+               counter: Optional[counting.Counter] = None, logger=None,
+               log_every: int = 0,
+               train_step: Optional[learning.TrainStep] = None):
+    self._nets = networks
+    self._config = networks.config
+    self._iterator = iterator
+    if write_back is None:
+      write_back = getattr(iterator, 'write_back', None)
+    self._write_back = write_back or None
+    self._counter = counter or counting.Counter()
+    self._logger = logger
+    self._log_every = int(log_every)
+    self._train_step = train_step or learning.make_train_step(networks)
+    self._update = self._train_step.update
+    self._state = self._train_step.init(random_key)
+    self._checked_shapes = None
+    self._variables_cache = (None, None)
+    self.num_steps = 0
+    self.last_metrics: Dict[str, float] = {}
+    self._metric_sums: Dict[str, float] = {}
+    self._metric_count = 0
+    self.timings = {'sample_s': 0.0, 'update_s': 0.0, 'write_back_s': 0.0}
+
+  # -- training -------------------------------------------------------------------
+  def step(self) -> Dict[str, float]:
+    """One update: sample, update, write back, count, log. Returns metrics."""
+    t0 = time.perf_counter()
+    batch = next(self._iterator)
+    t1 = time.perf_counter()
+    self._check(batch)
+    self._state, metrics, outs = self._update(self._state, batch)
+    outs = jax.tree_util.tree_map(np.asarray, outs)       # blocks on the update
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    t2 = time.perf_counter()
+    if self._write_back is not None:
+      self._write_back(np.asarray(batch['step_id'])[:, 1:], outs)
+    t3 = time.perf_counter()
+    self.timings['sample_s'] += t1 - t0
+    self.timings['update_s'] += t2 - t1
+    self.timings['write_back_s'] += t3 - t2
+    self.num_steps += 1
+    self.last_metrics = metrics
+    for k, v in metrics.items():
+      self._metric_sums[k] = self._metric_sums.get(k, 0.0) + v
+    self._metric_count += 1
+    counts = self._counter.increment(learner_steps=1)
+    if self._logger is not None and self._log_every and (
+        self.num_steps % self._log_every == 0):
+      self._logger.write({**metrics, **counts})
+    return metrics
+
+  def pop_metric_means(self) -> Dict[str, float]:
+    """Means of every metric over the steps since the last call (for logs)."""
+    if not self._metric_count:
+      return {}
+    out = {k: v / self._metric_count for k, v in self._metric_sums.items()}
+    out['updates_in_mean'] = float(self._metric_count)
+    self._metric_sums, self._metric_count = {}, 0
+    return out
+
+  def _check(self, batch) -> None:
+    shapes = jax.tree_util.tree_map(lambda x: (np.shape(x), np.asarray(x).dtype),
+                                    batch)
+    if shapes != self._checked_shapes:
+      learning.check_batch(batch, self._nets.spaces, self._config)
+      self._checked_shapes = shapes
+
+  def update_cache_size(self) -> int:
+    """Compilations of the jitted update so far (must stay 1)."""
+    return int(self._update._cache_size())
+
+  # -- variables ------------------------------------------------------------------
+  @property
+  def state(self) -> learning.TrainingState:
+    return self._state
+
+  @property
+  def counter(self) -> counting.Counter:
+    return self._counter
+
+  def get_variables(self, names: Sequence[str]) -> List[Any]:
+    """'policy' -> acting params (enc, dyn, pol); 'params' -> all params.
+
+    Copies made at most once per update, valid after later (donating) updates.
+    """
+    step = self.num_steps
+    cached_step, cached = self._variables_cache
+    if cached_step != step:
+      params = jax.tree_util.tree_map(jnp.copy, self._state.params)
+      cached = {'params': params, 'policy': acting.acting_params(params)}
+      self._variables_cache = (step, cached)
+    out = []
+    for name in names:
+      if name not in cached:
+        raise ValueError(f'unknown variable collection {name!r}; valid: '
+                         f'{list(VARIABLE_NAMES)}')
+      out.append(cached[name])
+    return out
+
+  # -- checkpointing --------------------------------------------------------------
+  def save(self) -> learning.TrainingState:
+    """The full TrainingState as numpy arrays (host copy)."""
+    return jax.device_get(self._state)
+
+  def restore(self, state: learning.TrainingState) -> None:
+    """Loads a TrainingState saved by ``save`` (structure, shapes and dtypes
+    must match this learner's; ValueError otherwise)."""
+    template = self._state
+    t_leaves, t_def = jax.tree_util.tree_flatten(template)
+    leaves, s_def = jax.tree_util.tree_flatten(state)
+    if t_def != s_def:
+      raise ValueError('saved TrainingState has a different structure than this '
+                       'learner (different model size or env?)')
+    new = []
+    for t, x in zip(t_leaves, leaves):
+      x = np.asarray(x)
+      if x.shape != t.shape or x.dtype != t.dtype:
+        raise ValueError(f'saved TrainingState leaf {x.dtype}{list(x.shape)} '
+                         f'does not match {t.dtype}{list(t.shape)}')
+      new.append(jax.device_put(x))
+    self._state = jax.tree_util.tree_unflatten(t_def, new)
+    self._variables_cache = (None, None)

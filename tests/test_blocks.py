@@ -1,0 +1,65 @@
+"""Building blocks (spec 1.1-1.7)."""
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agent import blocks, distributions as dists
+
+
+def _params(fn, *args):
+  return hk.transform(lambda: fn(*args)).init(jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize('fan_in,units', [(512, 256), (2048, 256)])
+def test_linear_init_std(fan_in, units):
+  """spec 1.5: Std[W] ~= 1/sqrt(fan_in) (trunc normal x 1.1368), bias zero."""
+  p = _params(blocks.dense_params, 'x', fan_in, units)
+  w, b = p['x']['w'], p['x']['b']
+  assert abs(float(w.std()) * np.sqrt(fan_in) - 1.0) < 0.03
+  assert float(jnp.abs(w).max()) <= 2 * 1.1368 / np.sqrt(fan_in) + 1e-6
+  assert not np.any(np.asarray(b))
+
+
+def test_block_linear_fan_in_is_total_width():
+  """spec 1.2: BlockLinear kernel (g, I/g, U/g) uses fan_in = I, not I/g."""
+  p = _params(blocks.block_params, 'x', 8192, 2048, 8)
+  w = p['x']['w']
+  assert w.shape == (8, 1024, 256)
+  assert abs(float(w.std()) * np.sqrt(8192) - 1.0) < 0.03
+
+
+def test_outscale_zero_is_exact_zeros():
+  """spec 1.5: outscale 0 (reward, value heads) gives a zero kernel."""
+  p = _params(blocks.dense_params, 'x', 256, 255, 0.0)
+  assert not np.any(np.asarray(p['x']['w']))
+
+
+def test_block_dense_only_mixes_within_blocks():
+  """spec 1.2: output block k depends only on input block k."""
+  p = _params(blocks.block_params, 'x', 16, 8, 4)
+  w, b = p['x']['w'], p['x']['b']
+  x = jnp.zeros((1, 16)).at[0, 4:8].set(1.0)   # only block 1 active
+  y = blocks.block_dense(x, w, b)
+  assert np.all(np.asarray(y[0, :2]) == 0) and np.all(np.asarray(y[0, 4:]) == 0)
+  ref = x[0, 4:8] @ w[1]
+  np.testing.assert_allclose(y[0, 2:4], ref, rtol=1e-6)
+
+
+def test_rms_norm_f32_stats_and_eps():
+  """spec 1.3: y = x * rsqrt(mean(x^2) + 1e-4) * scale, stats in f32."""
+  x = jnp.array([[3.0, 4.0]], jnp.bfloat16)
+  y = blocks.rms_norm(x, jnp.ones(2))
+  assert y.dtype == jnp.bfloat16
+  ref = np.array([3.0, 4.0]) / np.sqrt((9 + 16) / 2 + 1e-4)
+  np.testing.assert_allclose(np.asarray(y, np.float32)[0], ref, rtol=1e-2)
+
+
+def test_concat_inputs_sorted_masked_symlog():
+  """spec 1.7: sorted keys, per-key availability mask, symlog squish."""
+  vals = {'b': jnp.array([[1.0, -jnp.inf]]), 'a': jnp.array([[np.e - 1]])}
+  out = blocks.concat_inputs(vals, {'b': (2,), 'a': (1,)}, squish=dists.symlog)
+  np.testing.assert_allclose(out, [[1.0, 0.0, 0.0]], atol=1e-6)
+  with pytest.raises(ValueError, match="'a'"):
+    blocks.concat_inputs({'a': jnp.zeros((1, 3))}, {'a': (1,)})

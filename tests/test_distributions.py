@@ -1,0 +1,85 @@
+"""Distributions (spec 1.8-1.11, 3.13, Algorithm D)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agent import distributions as dists
+
+
+def test_bins_antisymmetric():
+  """spec 1.9: 255 bins, bins[127] = 0, exact antisymmetry, +-symexp(20)."""
+  b = dists.symexp_bins(255)
+  assert b.shape == (255,) and b[127] == 0
+  np.testing.assert_array_equal(b, -b[::-1])
+  np.testing.assert_allclose(b[-1], np.expm1(20.0), rtol=1e-5)
+
+
+def test_twohot_exact_bin_and_out_of_range():
+  """Algorithm D: an exact bin hit puts all mass on it; out-of-range -> edge bin."""
+  b = dists.symexp_bins(255)
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(3, 255)), jnp.float32)
+  targets = jnp.array([b[140], 1e12, -1e12])
+  loss = dists.twohot_loss(logits, targets)
+  logp = jax.nn.log_softmax(logits, -1)
+  np.testing.assert_allclose(loss, -np.array([logp[0, 140], logp[1, 254], logp[2, 0]]),
+                             rtol=1e-5)
+
+
+def test_twohot_interpolation_in_raw_space():
+  """Algorithm D: weights linear in raw space between neighbours."""
+  b = dists.symexp_bins(255)
+  y = b[130] + 0.25 * (b[131] - b[130])
+  logits = jnp.asarray(np.random.default_rng(1).normal(size=(255,)), jnp.float32)
+  logp = jax.nn.log_softmax(logits)
+  ref = -(0.75 * logp[130] + 0.25 * logp[131])
+  np.testing.assert_allclose(dists.twohot_loss(logits, jnp.float32(y)), ref, rtol=1e-4)
+
+
+def test_twohot_pred_zero_at_uniform():
+  """spec 1.9: symmetric sum gives exactly 0 for uniform probabilities."""
+  assert float(dists.twohot_pred(jnp.zeros((255,)))) == 0.0
+  logits = jnp.full((255,), -30.0).at[200].set(30.0)
+  np.testing.assert_allclose(dists.twohot_pred(logits), dists.symexp_bins()[200], rtol=1e-4)
+
+
+def test_onehot_unimix_and_straight_through():
+  """spec 1.8: p = 0.99 softmax + 0.01/C; value = sg(onehot) + p - sg(p)."""
+  logits = jnp.array([[[10.0, 0.0, 0.0, 0.0]]])
+  lp = dists.unimix_logits(logits, 0.01)
+  np.testing.assert_allclose(jnp.exp(lp).sum(-1), 1.0, rtol=1e-6)
+  assert float(jnp.exp(lp).min()) >= 0.01 / 4 - 1e-7
+  f = lambda l: jnp.sum(dists.onehot_sample(l, 0.01, key=jax.random.PRNGKey(0)) *
+                        jnp.arange(4.0))
+  g = jax.grad(f)(logits)
+  assert np.any(np.asarray(g) != 0)  # gradient flows through the mixed softmax
+  sample = dists.onehot_sample(logits, 0.01, key=jax.random.PRNGKey(0))
+  np.testing.assert_allclose(sample.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_kl_and_entropy_sum_over_latents():
+  """spec 1.8: KL and entropy are summed over the S latents."""
+  p = jnp.zeros((32, 4)); q = jnp.zeros((32, 4)).at[:, 0].set(2.0)
+  one = dists.onehot_kl(p[:1], q[:1], 0.01)
+  np.testing.assert_allclose(dists.onehot_kl(p, q, 0.01), 32 * one, rtol=1e-5)
+  np.testing.assert_allclose(dists.onehot_entropy(p, 0.01), 32 * np.log(4), rtol=1e-5)
+
+
+def test_binary_soft_label_and_symlog_mse():
+  """spec 1.10 soft-label BCE; spec 1.11 symlog MSE summed, no 1/2."""
+  l = jnp.array(0.3)
+  ref = -(0.997 * jax.nn.log_sigmoid(l) + 0.003 * jax.nn.log_sigmoid(-l))
+  np.testing.assert_allclose(dists.binary_loss(l, 0.997), ref, rtol=1e-6)
+  pred = jnp.array([[1.0, 2.0]]); tgt = jnp.array([[np.e - 1, 0.0]])
+  np.testing.assert_allclose(dists.symlog_mse_loss(pred, tgt), [0.0 + 4.0], rtol=1e-5)
+
+
+def test_bounded_normal():
+  """spec 3.13: tanh mean, 0.9 sigmoid(x + 2) + 0.1 std, unsquashed log-prob."""
+  d = dists.BoundedNormal(jnp.zeros((1, 2)), jnp.zeros((1, 2)))
+  np.testing.assert_allclose(d.std, 0.9 * jax.nn.sigmoid(2.0) + 0.1, rtol=1e-6)
+  x = jnp.array([[3.0, -3.0]])   # outside [-1, 1]: plain Normal density
+  s = float(d.std[0, 0])
+  ref = 2 * (-0.5 * (3 / s) ** 2 - np.log(s) - 0.5 * np.log(2 * np.pi))
+  np.testing.assert_allclose(d.log_prob(x), [ref], rtol=1e-5)
+  np.testing.assert_allclose(d.entropy(), [2 * (0.5 * np.log(2 * np.pi * np.e * s * s))],
+                             rtol=1e-5)

@@ -1,0 +1,138 @@
+"""The train step (spec 2.14, 3.15, 4.1-4.2, Algorithm J) and its bad-input rules."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agent import distributions as dists, latents, learning, networks, rssm
+from agent import synthetic, world_model
+
+
+def _batch(config, spaces, seed=0):
+  return synthetic.make_batch(spaces, config, seed=seed, episode_len=5)
+
+
+def test_reward_and_value_exactly_zero_at_init(tiny_nets, tiny_state):
+  """spec 1.5 / 3.15: zero-initialised output layers predict exactly 0."""
+  W = tiny_nets.weights(tiny_state.params)
+  feat = jax.random.normal(jax.random.PRNGKey(0), (7, tiny_nets.config.feat_dim))
+  assert np.all(np.asarray(dists.twohot_pred(tiny_nets.reward_logits(W, feat))) == 0)
+  assert np.all(np.asarray(dists.twohot_pred(tiny_nets.value_logits(W['val'], feat))) == 0)
+  slow = tiny_nets.weights({**tiny_state.params, **tiny_state.slow_params})['val']
+  assert np.all(np.asarray(dists.twohot_pred(tiny_nets.value_logits(slow, feat))) == 0)
+
+
+def test_free_bits_per_step_after_latent_sum(tiny_nets, tiny_state, tiny_config, spaces):
+  """spec 2.14: dyn = rep = max(sum_latents KL, 1) per (b, t)."""
+  c = tiny_config
+  b = _batch(c, spaces)
+  W = tiny_nets.weights(tiny_state.params)
+  d0, s0 = latents.unpack(jax.tree_util.tree_map(lambda x: x[:, 0], b['latent']), c)
+  obs = {k: v[:, 1:] for k, v in b['observation'].items()}
+  key = jax.random.PRNGKey(5)
+  losses, _, _ = world_model.world_model_loss(
+      tiny_nets, W, rssm.Latent(d0, s0), obs, b['action'][:, :-1], b['reward'][:, 1:],
+      b['is_first'][:, 1:], b['is_terminal'][:, 1:], key)
+  tokens = tiny_nets.encode(W, obs)
+  deter, _, post = rssm.observe(W['dyn'], rssm.Latent(d0, s0), tokens, b['action'][:, :-1],
+                                b['is_first'][:, 1:], key, c)
+  kl = dists.onehot_kl(post, rssm.prior_logits(W['dyn'], deter, c), c.unimix)
+  assert losses['dyn'].shape == (c.batch_size, c.batch_length)
+  np.testing.assert_allclose(losses['dyn'], np.maximum(kl, 1.0), rtol=1e-5)
+  np.testing.assert_allclose(losses['rep'], np.maximum(kl, 1.0), rtol=1e-5)
+
+
+# spec 4.2 routing matrix. Groups: RSSM core / prior MLP / posterior layers.
+GROUPS = {
+    'enc': lambda k: k.startswith('enc/'),
+    'core': lambda k: k.startswith('dyn/') and k.split('/')[-1].startswith(('dynin', 'dynhid', 'dyngru')),
+    'prior': lambda k: k.startswith('dyn/') and k.split('/')[-1].startswith('prior'),
+    'post': lambda k: k.startswith('dyn/') and k.split('/')[-1].startswith('obs'),
+    'dec': lambda k: k.startswith('dec/'), 'rew': lambda k: k.startswith('rew/'),
+    'con': lambda k: k.startswith('con/'), 'pol': lambda k: k.startswith('pol/'),
+    'val': lambda k: k.startswith('val/'),
+}
+ROUTING = {
+    'rec': {'enc', 'core', 'post', 'dec'},
+    'rew': {'enc', 'core', 'post', 'rew'},
+    'con': {'enc', 'core', 'post', 'con'},
+    'dyn': {'enc', 'core', 'prior', 'post'},
+    'rep': {'enc', 'core', 'post'},
+    'policy': {'pol'},
+    'value': {'val'},
+    'repval': {'enc', 'core', 'post', 'val'},
+}
+
+
+def test_gradient_routing_matrix(tiny_nets, tiny_state, tiny_config, spaces):
+  """spec 4.2: loss term by loss term, exactly these module groups get gradients."""
+  b = jax.device_put(_batch(tiny_config, spaces, seed=1))
+  s = tiny_state
+  params = jax.tree_util.tree_map(lambda x: x + 0.01, s.params)  # non-zero heads
+  names = sorted(learning.compute_losses(params, s.slow_params, s.retnorm, b, s.key,
+                                         tiny_nets)[0])
+
+  def vec(p):
+    losses, _ = learning.compute_losses(p, s.slow_params, s.retnorm, b, s.key, tiny_nets)
+    return jnp.stack([jnp.mean(losses[n]) for n in names])
+
+  _, vjp = jax.vjp(vec, params)
+  vjp = jax.jit(vjp)
+  for i, name in enumerate(names):
+    (g,) = vjp(jnp.zeros(len(names)).at[i].set(1.0))
+    term = 'rec' if name.startswith('rec_') else name
+    got = set()
+    for group, match in GROUPS.items():
+      norms = [float(jnp.abs(v).max()) for k, d in g.items() if match(k) for v in d.values()]
+      assert norms, group
+      if max(norms) > 0:
+        got.add(group)
+    assert got == ROUTING[term], (name, got)
+
+
+def test_train_step_compiles_once_and_first_update_noop(tiny_nets, tiny_config, spaces):
+  """Algorithm J in one jitted update; lr_0 = 0 leaves params unchanged (4.7)."""
+  ts = learning.make_train_step(tiny_nets)
+  state = ts.init(jax.random.PRNGKey(0))
+  before = jax.tree_util.tree_map(np.asarray, state.params)
+  state, metrics, outs = ts.update(state, _batch(tiny_config, spaces, 0))
+  after = jax.tree_util.tree_map(np.asarray, state.params)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, before, after)
+  assert float(metrics['skipped_update']) == 0 and int(state.step) == 1
+  c = tiny_config
+  assert outs['deter'].shape == (c.batch_size, c.batch_length, c.deter)
+  assert outs['stoch'].shape == (c.batch_size, c.batch_length, c.stoch)
+  assert outs['stoch'].dtype == jnp.uint8
+  for seed in (1, 2):
+    state, metrics, outs = ts.update(state, _batch(tiny_config, spaces, seed))
+  assert ts.update._cache_size() == 1
+  assert np.isfinite(float(metrics['loss/total']))
+  # Slow critic: EMA of the value params after each step (spec 3.18).
+  val = learning.val_params(state.params)
+  assert set(val) == set(state.slow_params)
+
+  # NaN in a batch: the update is skipped and flagged, nothing changes.
+  bad = _batch(tiny_config, spaces, 3)
+  bad['reward'][0, 3] = np.nan
+  prev = jax.tree_util.tree_map(np.asarray, (state.params, state.opt_state))
+  state, metrics, _ = ts.update(state, bad)
+  assert float(metrics['skipped_update']) == 1 and float(metrics['nonfinite_batch']) == 1
+  jax.tree_util.tree_map(np.testing.assert_array_equal, prev,
+                         jax.tree_util.tree_map(np.asarray, (state.params, state.opt_state)))
+  assert int(state.step) == 3
+  assert ts.update._cache_size() == 1
+
+
+def test_check_batch_names_bad_key(tiny_config, spaces):
+  """Bad input: wrong shape, dtype or missing key -> ValueError naming the key."""
+  good = _batch(tiny_config, spaces)
+  learning.check_batch(good, spaces, tiny_config)
+  bad = _batch(tiny_config, spaces); bad['observation']['height'] = np.zeros((2, 9, 2), np.float32)
+  with pytest.raises(ValueError, match='observation/height'):
+    learning.check_batch(bad, spaces, tiny_config)
+  bad = _batch(tiny_config, spaces); bad['reward'] = bad['reward'].astype(np.float64)
+  with pytest.raises(ValueError, match='reward.*float64'):
+    learning.check_batch(bad, spaces, tiny_config)
+  bad = _batch(tiny_config, spaces); del bad['latent']['stoch']
+  with pytest.raises(ValueError, match='latent/stoch'):
+    learning.check_batch(bad, spaces, tiny_config)
