@@ -60,8 +60,8 @@ def imag_loss(*, act, rew_hat, con_hat, pi, val_logits, slow_pred, retnorm: RetN
               config: DreamerConfig):
   """Imagination policy and value losses (Algorithm F, spec 3.5-3.17).
 
-  All inputs are on stop-gradient imagined features, shapes [N, H+1, ...]:
-  act sampled actions, rew_hat/con_hat predicted reward and continuation
+  All inputs are on stop-gradient imagined features, shapes [N, H+1, ...]
+  except act [N, H] (the actions sampled at states 0..H-1): rew_hat/con_hat predicted reward and continuation
   (index 0 may come from replay data, OQ 6), pi the policy distribution on
   states 0..H-1, val_logits the online critic on states 0..H, slow_pred the
   slow critic's expectation on states 0..H-1.
@@ -74,7 +74,7 @@ def imag_loss(*, act, rew_hat, con_hat, pi, val_logits, slow_pred, retnorm: RetN
                       disc, config.lam)                          # [N, H]
   retnorm, scale = retnorm_update_then_read(retnorm, ret, config)
   adv = (ret - v_on[:, :-1]) / scale
-  logpi = pi.log_prob(sg(act[:, :-1]))
+  logpi = pi.log_prob(sg(act))
   ent = pi.entropy()
   w = weight[:, :-1]
   pol = w * -(logpi * sg(adv) + config.actent * ent)

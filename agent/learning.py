@@ -90,16 +90,27 @@ def compute_losses(params, slow_params, retnorm, batch, key,
   # --- imagination (spec 3.1-3.3), no gradient into the world model ----------
   starts = rssm_lib.Latent(sg(deter).reshape(N, c.deter),
                            sg(stoch).reshape(N, c.stoch, c.classes))
-  policy_fn = lambda f, k: nets.policy(Wsg, f).sample(key=k)
-  img_deter, img_stoch, img_act = rssm_lib.imagine(
+  def policy_fn(f, k):
+    # Policy weights NOT stop-gradiented: its raw outputs are reused by the
+    # actor loss (log-prob of the stop-gradient action, entropy), spec 3.3, 3.11.
+    outputs = nets.policy_outputs(W, f)
+    return nets.policy_dist(outputs).sample(key=k), outputs
+
+  img_deter, img_stoch, img_act, pol_out = rssm_lib.imagine(
       Wsg['dyn'], starts, policy_fn, c.imag_horizon, k_img, c)
   imgfeat = sg(nets_lib.feat(img_deter, img_stoch))              # [N, H+1, F]
-  rew_hat = dists.twohot_pred(nets.reward_logits(Wsg, imgfeat))
-  con_hat = dists.binary_prob(nets.cont_logit(Wsg, imgfeat))
-  if c.start_from_data:                                           # OQ 6 (2411f7d)
-    rew_hat = rew_hat.at[:, 0].set(reward.reshape(N))
-    con_hat = con_hat.at[:, 0].set(1.0 - is_terminal.reshape(N).astype(jnp.float32))
-  pi = nets.policy(W, imgfeat[:, :-1])
+  if c.start_from_data:
+    # OQ 6 (2411f7d): start-state reward and continuation from replayed data;
+    # the heads only run on the imagined states 1..H.
+    rew_hat = dists.twohot_pred(nets.reward_logits(Wsg, imgfeat[:, 1:]))
+    con_hat = dists.binary_prob(nets.cont_logit(Wsg, imgfeat[:, 1:]))
+    rew_hat = jnp.concatenate([reward.reshape(N, 1), rew_hat], 1)
+    con_hat = jnp.concatenate(
+        [1.0 - is_terminal.reshape(N, 1).astype(jnp.float32), con_hat], 1)
+  else:                                                           # HEAD
+    rew_hat = dists.twohot_pred(nets.reward_logits(Wsg, imgfeat))
+    con_hat = dists.binary_prob(nets.cont_logit(Wsg, imgfeat))
+  pi = nets.policy_dist(pol_out)                                  # states 0..H-1
   val_logits = nets.value_logits(W['val'], imgfeat)
   slow_pred = dists.twohot_pred(nets.value_logits(W_slow, imgfeat[:, :-1]))
   pol_loss, val_loss, ret, new_retnorm, ac_metrics = ac.imag_loss(

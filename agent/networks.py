@@ -134,15 +134,22 @@ class DreamerNetworks:
     """Critic two-hot logits; Wval is W['val'] or the slow critic's weights."""
     return self._head(Wval, feat)
 
-  def policy(self, W, feat):
-    """The actor's distribution pi(a | feat) (spec 3.13 / 3.14)."""
+  def policy_outputs(self, W, feat) -> dict:
+    """Raw policy head outputs (before the distribution's nonlinearities)."""
     x = blocks.mlp_apply(W['pol']['mlp'], feat, self.config.rms_eps)
+    names = ('logits',) if self.spaces.discrete else ('mean', 'std')
+    return {n: blocks.dense(x, W['pol'][n]['w'], W['pol'][n]['b']) for n in names}
+
+  def policy_dist(self, outputs: dict):
+    """pi from raw outputs (spec 3.13 bounded normal / 3.14 categorical)."""
     if self.spaces.discrete:
-      logits = blocks.dense(x, W['pol']['logits']['w'], W['pol']['logits']['b'])
-      return dists.OneHotCategorical(logits, self.config.actor_unimix)
-    mean = blocks.dense(x, W['pol']['mean']['w'], W['pol']['mean']['b'])
-    std = blocks.dense(x, W['pol']['std']['w'], W['pol']['std']['b'])
-    return dists.BoundedNormal(mean, std, self.config.minstd, self.config.maxstd)
+      return dists.OneHotCategorical(outputs['logits'], self.config.actor_unimix)
+    return dists.BoundedNormal(outputs['mean'], outputs['std'], self.config.minstd,
+                               self.config.maxstd)
+
+  def policy(self, W, feat):
+    """The actor's distribution pi(a | feat)."""
+    return self.policy_dist(self.policy_outputs(W, feat))
 
 
 def flat(stoch):

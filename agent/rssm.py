@@ -30,6 +30,8 @@ from agent import distributions as dists
 from agent.config import DreamerConfig
 
 sg = jax.lax.stop_gradient
+import os
+UNROLL = int(os.environ.get("RSSM_UNROLL", "1"))
 
 
 class Latent(NamedTuple):
@@ -184,7 +186,7 @@ def observe(W, start: Latent, tokens, prevact, is_first, key, config: DreamerCon
     carry, logit = observe_step(W, carry, tok_t, x2_t, first_t, noise_t, config)
     return carry, (carry.deter, carry.stoch, logit)
 
-  _, (deter, stoch, logit) = jax.lax.scan(step, carry, xs)
+  _, (deter, stoch, logit) = jax.lax.scan(step, carry, xs, unroll=UNROLL)
   deter = jnp.swapaxes(deter, 0, 1)
   stoch = jnp.swapaxes(stoch, 0, 1).reshape(B, T, config.stoch, config.classes)
   logit = jnp.swapaxes(logit, 0, 1)
@@ -203,32 +205,39 @@ def img_step(W, carry: Latent, action, noise, config: DreamerConfig):
 def imagine(W, start: Latent, policy_fn, horizon: int, key, config: DreamerConfig):
   """Imagination rollout (spec 2.8, 3.2, 3.3): H steps from each start state.
 
-  start: deter [N, D], stoch [N, S, C]. policy_fn(feat [N, F], key) -> action.
-  The policy sees sg(carry). Returns feats deter [N, H+1, D], stoch
-  [N, H+1, S, C] (index 0 = start) and actions [N, H+1, A] where action i was
-  sampled at state i (the last one only fills the shape, spec 3.2).
-  Callers pass stop-gradient weights: no gradient flows through imagination.
+  start: deter [N, D], stoch [N, S, C]; W are stop-gradient RSSM weights (no
+  gradient flows into the world model from imagination, spec 3.4).
+  policy_fn(feat [N, F], key) -> (action, outputs): it sees sg(carry) and
+  returns the sampled action and any per-state outputs (the policy head's raw
+  outputs, so the actor loss reuses this forward pass instead of running the
+  policy a second time on the same features with the same parameters, 3.3).
+  The action is stop-gradiented before it enters the core.
+  Returns deter [N, H+1, D], stoch [N, H+1, S, C] (index 0 = start), actions
+  [N, H, A] and outputs [N, H, ...] for states 0..H-1. The action at state H is
+  never used by any loss (spec 3.2), so it is not sampled.
   """
   N = start.deter.shape[0]
   dtype = config.jnp_compute_dtype
   k_pol, k_lat = jax.random.split(key)
-  pol_keys = jax.random.split(k_pol, horizon + 1)
+  pol_keys = jax.random.split(k_pol, horizon)
   noise = jax.random.gumbel(k_lat, (horizon, N, config.stoch, config.classes),
                             jnp.float32)
-  carry = Latent(start.deter.astype(dtype), start.stoch.reshape(N, -1).astype(dtype))
+  carry = Latent(sg(start.deter).astype(dtype),
+                 sg(start.stoch).reshape(N, -1).astype(dtype))
 
   def step(carry, inp):
     pkey, noise_t = inp
     feat = jnp.concatenate([carry.deter, carry.stoch], -1)
-    action = policy_fn(sg(feat), pkey)
+    action, outputs = policy_fn(sg(feat), pkey)
+    action = sg(action)
     new = img_step(W, carry, action, noise_t, config)
-    return new, (new.deter, new.stoch, action)
+    return new, (new.deter, new.stoch, action, outputs)
 
-  last, (deter, stoch, actions) = jax.lax.scan(step, carry, (pol_keys[:-1], noise))
-  last_feat = jnp.concatenate([last.deter, last.stoch], -1)
-  last_action = policy_fn(sg(last_feat), pol_keys[-1])
+  _, (deter, stoch, actions, outputs) = jax.lax.scan(step, carry, (pol_keys, noise))
   deter = jnp.concatenate([carry.deter[None], deter], 0)
   stoch = jnp.concatenate([carry.stoch[None], stoch], 0)
-  actions = jnp.concatenate([actions, last_action[None]], 0)
-  deter, stoch, actions = (jnp.swapaxes(x, 0, 1) for x in (deter, stoch, actions))
-  return deter, stoch.reshape(N, horizon + 1, config.stoch, config.classes), actions
+  swap = lambda x: jnp.swapaxes(x, 0, 1)
+  deter, stoch, actions = swap(deter), swap(stoch), swap(actions)
+  outputs = jax.tree_util.tree_map(swap, outputs)
+  return (deter, stoch.reshape(N, horizon + 1, config.stoch, config.classes),
+          actions, outputs)
