@@ -64,7 +64,7 @@ class DreamerConfig:
   rms_eps: float = 1e-4           # spec 1.3
   # Output-layer scales (spec 1.5).
   outscale_rssm: float = 1.0      # obslogit / priorlogit
-  outscale_dec: float = 0.1       # vector decoder: 2411f7d value (OQ 7, deviations §1)
+  outscale_dec: float = 0.1       # vector decoder: 2411f7d value (OQ 7, docs/deviations.md)
   outscale_rew: float = 0.0       # zero-init reward head (spec 1.5)
   outscale_con: float = 1.0
   outscale_pol: float = 0.01
@@ -91,7 +91,7 @@ class DreamerConfig:
   retnorm_limit: float = 1.0
   retnorm_perclo: float = 5.0
   retnorm_perchi: float = 95.0
-  # OQ 6 (deviations §1): imagination start reward/continuation from the
+  # OQ 6 (docs/deviations.md): imagination start reward/continuation from the
   # replayed data (reward_t, 1 - is_terminal_t), as 2411f7d. False = HEAD.
   start_from_data: bool = True
   minstd: float = 0.1             # bounded normal policy (spec 3.13)
@@ -113,7 +113,7 @@ class DreamerConfig:
   replay_capacity: int = int(5e6)  # items (spec 5.1)
   online_queue: bool = True       # spec 5.4
   # Stored deter dtype: bf16 halves memory; lossless when compute is bf16,
-  # a rounding of the context state when compute is f32 (deviations §2).
+  # a rounding of the context state when compute is f32 (docs/deviations.md).
   latent_store_dtype: str = 'bfloat16'
 
   # --- loop (spec 6) --------------------------------------------------------------
