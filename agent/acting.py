@@ -62,7 +62,7 @@ def make_policy(nets: nets_lib.DreamerNetworks) -> Policy:
     tok = rssm_lib.token_projection(W['dyn'], tokens, c)
     noise = jax.random.gumbel(k_lat, (is_first.shape[0], c.stoch, c.classes))
     latent, _ = rssm_lib.observe_step(
-        W['dyn'], rssm_lib.Latent(carry.deter, carry.stoch), tok, x2, is_first,
+        rssm_lib.prepare_core(W['dyn'], c), rssm_lib.Latent(carry.deter, carry.stoch), tok, x2, is_first,
         noise, c)
     feat = jnp.concatenate([latent.deter, latent.stoch], -1)
     dist = nets.policy(W, feat)

@@ -124,6 +124,11 @@ class DreamerConfig:
   # --- numerics (spec 1.12, OQ 10) -------------------------------------------
   compute_dtype: str = 'float32'  # f32 on CPU by default; 'bfloat16' for GPU
 
+  # lax.scan unroll factor for the RSSM scans (1 = rolled loop; 0 = fully
+  # unrolled, used by bench/learner.py to count FLOPs with XLA's cost analysis,
+  # which counts a while-loop body once). Performance knob, not algorithmic.
+  scan_unroll: int = 1
+
   # Explicit overrides of the preset (None = take from `size`).
   units_override: Optional[int] = None
 
@@ -196,6 +201,9 @@ class DreamerConfig:
   def jnp_compute_dtype(self):
     import jax.numpy as jnp
     return jnp.bfloat16 if self.compute_dtype == 'bfloat16' else jnp.float32
+
+  def unroll_for(self, length: int) -> int:
+    return length if self.scan_unroll == 0 else max(1, min(self.scan_unroll, length))
 
   def replace(self, **kwargs) -> 'DreamerConfig':
     return dataclasses.replace(self, **kwargs)

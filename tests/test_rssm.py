@@ -46,7 +46,7 @@ def test_core_matches_algorithm_a(setup):
   stoch = jax.nn.one_hot(jax.random.randint(k[1], (5, c.stoch), 0, c.classes), c.classes)
   action = 2 * jax.random.normal(k[2], (5, 6))
   x2 = rssm.embed_action(W['dyn'], action, jnp.zeros(5, bool), c)
-  got = rssm.core(W['dyn'], deter, stoch.reshape(5, -1), x2, c)
+  got = rssm.core(rssm.prepare_core(W['dyn'], c), deter, stoch.reshape(5, -1), x2, c)
   ref = literal_core(W['dyn'], deter, stoch.reshape(5, -1), action, c)
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
@@ -61,10 +61,10 @@ def test_is_first_zeroes_state_and_action(setup):
   b = rssm.Latent(-3 * jnp.ones((2, c.deter)), jnp.zeros((2, c.stoch * c.classes)))
   xa = rssm.embed_action(W['dyn'], jnp.full((2, 6), 0.7), first, c)
   xb = rssm.embed_action(W['dyn'], jnp.full((2, 6), -5.0), first, c)
-  out_a, _ = rssm.observe_step(W['dyn'], a, tok, xa, first, noise, c)
-  out_b, _ = rssm.observe_step(W['dyn'], b, tok, xb, first, noise, c)
+  out_a, _ = rssm.observe_step(rssm.prepare_core(W['dyn'], c), a, tok, xa, first, noise, c)
+  out_b, _ = rssm.observe_step(rssm.prepare_core(W['dyn'], c), b, tok, xb, first, noise, c)
   np.testing.assert_array_equal(out_a.deter, out_b.deter)
-  zero = rssm.core(W['dyn'], jnp.zeros((2, c.deter)), jnp.zeros((2, c.stoch * c.classes)),
+  zero = rssm.core(rssm.prepare_core(W['dyn'], c), jnp.zeros((2, c.deter)), jnp.zeros((2, c.stoch * c.classes)),
                    rssm.embed_action(W['dyn'], jnp.zeros((2, 6)), first, c), c)
   np.testing.assert_array_equal(out_a.deter, zero)
 
@@ -131,3 +131,26 @@ def test_unknown_size_preset():
     config_lib.make_config(size='size99m')
   with pytest.raises(ValueError, match='bogus'):
     config_lib.make_config(bogus=1)
+
+
+def test_core_gradients_match_algorithm_a(setup):
+  """The core's custom block-matmul VJP gives Algorithm A's gradients."""
+  c, _, W = setup
+  k = jax.random.split(jax.random.PRNGKey(2), 4)
+  deter = jax.random.normal(k[0], (3, c.deter))
+  stoch = jax.nn.one_hot(jax.random.randint(k[1], (3, c.stoch), 0, c.classes),
+                         c.classes).reshape(3, -1)
+  action = jax.random.normal(k[2], (3, 6))
+  proj = jax.random.normal(k[3], (3, c.deter))
+
+  def ours(Wd, deter):
+    x2 = rssm.embed_action(Wd, action, jnp.zeros(3, bool), c)
+    return jnp.sum(rssm.core(rssm.prepare_core(Wd, c), deter, stoch, x2, c) * proj)
+
+  def ref(Wd, deter):
+    return jnp.sum(literal_core(Wd, deter, stoch, action, c) * proj)
+
+  g_ours = jax.grad(ours, (0, 1))(W['dyn'], deter)
+  g_ref = jax.grad(ref, (0, 1))(W['dyn'], deter)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                         g_ours, g_ref)
