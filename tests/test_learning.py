@@ -136,3 +136,20 @@ def test_check_batch_names_bad_key(tiny_config, spaces):
   bad = _batch(tiny_config, spaces); del bad['latent']['stoch']
   with pytest.raises(ValueError, match='latent/stoch'):
     learning.check_batch(bad, spaces, tiny_config)
+
+
+def test_bfloat16_compute_runs(spaces):
+  """spec 1.12 / OQ 10: bf16 compute (f32 params, losses and optimizer state)."""
+  from agent import config as config_lib
+  c = config_lib.make_config(size='tiny', batch_size=2, batch_length=8, imag_horizon=3,
+                             compute_dtype='bfloat16')
+  nets = networks.make_networks(spaces, c)
+  ts = learning.make_train_step(nets)
+  state = ts.init(jax.random.PRNGKey(0))
+  state, metrics, outs = ts.update(state, _batch(c, spaces))
+  assert np.isfinite(float(metrics['loss/total']))
+  assert all(v.dtype == jnp.float32 for d in state.params.values() for v in d.values())
+  assert outs['deter'].dtype == jnp.uint16   # bf16 bits: lossless for bf16 compute
+  W = nets.weights(state.params)
+  tokens = nets.encode(W, {k: jnp.zeros((1,) + s) for k, s in spaces.obs.items()})
+  assert tokens.dtype == jnp.bfloat16
