@@ -67,11 +67,14 @@ def twohot_loss(logits, target, bins=None):
   d_below = jnp.where(equal, 1.0, jnp.abs(bins[below] - y))
   d_above = jnp.where(equal, 1.0, jnp.abs(bins[above] - y))
   total = d_below + d_above
-  w_below = d_above / total
-  w_above = d_below / total
-  target_dist = (w_below[..., None] * jax.nn.one_hot(below, n, dtype=f32) +
-                 w_above[..., None] * jax.nn.one_hot(above, n, dtype=f32))
-  return -jnp.sum(sg(target_dist) * jax.nn.log_softmax(logits, -1), -1)
+  w_below = sg(d_above / total)
+  w_above = sg(d_below / total)
+  # Cross-entropy against the two-hot target: only the two target bins carry
+  # weight, so gather their log-probabilities instead of building one-hots.
+  logp = jax.nn.log_softmax(logits, -1)
+  lp_below = jnp.take_along_axis(logp, below[..., None], -1)[..., 0]
+  lp_above = jnp.take_along_axis(logp, above[..., None], -1)[..., 0]
+  return -(w_below * lp_below + w_above * lp_above)
 
 
 def twohot_pred(logits, bins=None):
