@@ -1,6 +1,7 @@
 """Reverb replay for DreamerV3 (spec 5, 6.1-6.2).
 
   tables        ``uniform`` + ``online`` tables, rate limiters, server (5.1, 5.4, 6.1)
+  packing       one packed uint8 column per stored step (memory, 5.1)
   adder         stride-1 65-step windows per worker stream (5.1-5.4)
   latent_store  freshest replay-context latents by step id (5.7-5.9)
   sampler       annotated [B, 65] batches, online queue first, write-back (5.3, 5.8, 5.9)

@@ -20,11 +20,16 @@ keyed by it. Counters survive restarts through ``get_state``/``set_state`` so
 ids stay unique across a resume (a new writer after a restart cannot reference
 pre-restart steps, so each worker needs 65 fresh steps before its next item).
 
-Chunking: columns are chunked ``chunk_length`` steps at a time (memory and
-sampling speed; a 1-step chunk costs ~80 KB per stored step at size12m against
-~11 KB at 16). An item reaches the server only when the chunk holding its last
-step is finalised, so the newest <= chunk_length - 1 items per worker are not
-yet sampleable (docs/deviations.md "Replay"); ``flush()`` forces them out.
+Storage: each step is validated in the nested layout of ``agent.types`` and
+then packed into one uint8 row (``reverb_tables.packing``), the single column
+of the tables, so Reverb keeps one chunk-slice list per item instead of one
+per leaf.
+
+Chunking: the column is chunked ``chunk_length`` steps at a time (memory and
+sampling speed, see ``DEFAULT_CHUNK_LENGTH``). An item reaches the server only
+when the chunk holding its last step is finalised, so the newest
+<= chunk_length - 1 items per worker are not yet sampleable
+(docs/deviations.md "Replay"); ``flush()`` forces them out.
 """
 
 from __future__ import annotations
@@ -34,14 +39,37 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import reverb
 import tree
-from dm_env import specs
 
 from agent.config import DreamerConfig
+from reverb_tables.packing import PACKED_KEY, StepLayout
 from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE
 
 STEP_ID_KEY = 'step_id'
+# Steps per Reverb chunk (bench/replay.py at size12m, packed rows; see
+# docs/deviations.md "Replay"). Server memory per stored step while filling:
+# ~11.5 KB at 1, ~4.75 KB at 16, ~4.6 KB at 32, ~4.7 KB at 48; 32 also inserts
+# fastest. Cost: the newest <= 31 items per worker wait for their chunk.
+DEFAULT_CHUNK_LENGTH = 32
 # Float leaves checked for NaN/Inf before writing (observations, action, reward).
 _FINITE_ROOTS = ('observation', 'action', 'reward')
+
+
+# Reverb's TrajectoryWriter logs "The number of pending items is alarmingly
+# high" once a writer holds 50 unsent + unconfirmed items.
+_PENDING_ITEMS_WARNING = 50
+
+
+def default_max_in_flight_items(chunk_length: int) -> int:
+  """Unconfirmed items a writer may hold before ``add`` blocks.
+
+  At least chunk_length + 2 (the items waiting for the open chunk plus an
+  online push), so back-pressure never forces a premature chunk;
+  2 * chunk_length + 2 leaves room for items in transit, capped below
+  Reverb's pending-items warning (a blocked 'ratio' rate limiter would
+  otherwise fill the writer up to the cap and log that warning).
+  """
+  cap = _PENDING_ITEMS_WARNING - 4
+  return max(chunk_length + 2, min(2 * chunk_length + 2, cap))
 
 
 def _path_name(path) -> str:
@@ -60,24 +88,26 @@ class _LeafSpec:
                          self.dtype.kind == 'f')
 
 
-def step_spec_from_server(client: reverb.Client, table: str = UNIFORM_TABLE,
-                          timeout: Optional[int] = 30):
-  """Per-step dm_env specs read back from a table signature (time axis dropped).
-
-  Equal to ``agent.types.step_spec`` of the spaces the tables were built with.
-  """
+def step_layout_from_server(client: reverb.Client, table: str = UNIFORM_TABLE,
+                            timeout: Optional[int] = 30) -> StepLayout:
+  """The packing layout recorded in a table signature (``packing``)."""
   info = client.server_info(timeout)
   if table not in info:
     raise ValueError(f'Reverb server has no table {table!r}; has {sorted(info)}')
   signature = info[table].signature
   if signature is None:
     raise ValueError(f'Table {table!r} has no signature; pass step_spec')
+  return StepLayout.from_signature(signature)
 
-  def strip(path, spec):
-    return specs.Array(tuple(spec.shape[1:]), spec.dtype.as_numpy_dtype,
-                       name=_path_name(path))
 
-  return tree.map_structure_with_path(strip, signature)
+def step_spec_from_server(client: reverb.Client, table: str = UNIFORM_TABLE,
+                          timeout: Optional[int] = 30):
+  """Per-step dm_env specs read back from a table signature (time axis dropped).
+
+  Equal to ``agent.types.step_spec`` of the spaces the tables were built with
+  (decoded from the packed column's layout, ``reverb_tables.packing``).
+  """
+  return step_layout_from_server(client, table, timeout).step_spec()
 
 
 class WindowAdder:
@@ -89,15 +119,16 @@ class WindowAdder:
     num_workers: number of env workers (one stream each).
     step_spec: per-step spec (``agent.types.step_spec``); read from the
       ``uniform`` table signature when omitted.
-    chunk_length: steps per Reverb chunk (see module doc); <= seq_len.
+    chunk_length: steps per Reverb chunk (see module doc and
+      ``DEFAULT_CHUNK_LENGTH``); <= seq_len.
     max_in_flight_items: items a writer may hold unconfirmed before ``add``
       blocks (back-pressure from a 'ratio' rate limiter). Defaults to
-      2 * chunk_length + 2 so that it never forces a premature chunk.
+      ``default_max_in_flight_items(chunk_length)``.
   """
 
   def __init__(self, client: reverb.Client, config: DreamerConfig,
                num_workers: int, step_spec: Any = None, *,
-               chunk_length: int = 16,
+               chunk_length: int = DEFAULT_CHUNK_LENGTH,
                max_in_flight_items: Optional[int] = None,
                uniform_table: str = UNIFORM_TABLE,
                online_table: str = ONLINE_TABLE):
@@ -108,17 +139,22 @@ class WindowAdder:
     self._num_workers = int(num_workers)
     self._length = config.seq_len
     self._chunk_length = int(min(max(1, chunk_length), self._length))
-    self._max_in_flight = (2 * self._chunk_length + 2
+    self._max_in_flight = (default_max_in_flight_items(self._chunk_length)
                            if max_in_flight_items is None
                            else int(max_in_flight_items))
     self._uniform_table = uniform_table
     self._online_table = online_table
     self._online = bool(config.online_queue)
-    if step_spec is None:
-      step_spec = step_spec_from_server(client, uniform_table)
+    if step_spec is None:                   # the layout the tables store
+      self._layout = step_layout_from_server(client, uniform_table)
+      step_spec = self._layout.step_spec()
+    else:
+      self._layout = StepLayout.from_step_spec(step_spec)
     self._spec = tree.map_structure_with_path(
         lambda p, s: _LeafSpec(p, s.shape, s.dtype), step_spec)
     self._flat_spec = tree.flatten(self._spec)
+    assert [f.name for f in self._layout.fields] == [
+        leaf.name for leaf in self._flat_spec], 'layout / spec order mismatch'
     if STEP_ID_KEY not in step_spec:
       raise ValueError(f'step spec has no {STEP_ID_KEY!r} key')
     sid = self._spec[STEP_ID_KEY]
@@ -164,7 +200,7 @@ class WindowAdder:
       raise ValueError(f'worker {worker} out of range [0, {self._num_workers})')
     worker = int(worker)
     flat = self._validate(step, np.array([worker], np.int64), batched=False)
-    self._append(worker, flat)
+    self._append(worker, self._layout.pack(flat, 1)[0])
     self._writers[worker].flush(block_until_num_items=self._max_in_flight)
 
   def add_batch(self, steps: Mapping[str, Any]) -> None:
@@ -175,8 +211,9 @@ class WindowAdder:
     """
     flat = self._validate(steps, np.arange(self._num_workers, dtype=np.int64),
                           batched=True)
+    rows = self._layout.pack(flat, self._num_workers)
     for w in range(self._num_workers):
-      self._append(w, [x[w] for x in flat])
+      self._append(w, rows[w])
     for w in range(self._num_workers):
       self._writers[w].flush(block_until_num_items=self._max_in_flight)
 
@@ -225,19 +262,18 @@ class WindowAdder:
   def _make_writer(self) -> reverb.TrajectoryWriter:
     # num_keep_alive_refs = seq_len bounds the writer's memory (spec 5.1).
     writer = self._client.trajectory_writer(num_keep_alive_refs=self._length)
-    for leaf in self._flat_spec:
-      writer.configure(leaf.path, num_keep_alive_refs=self._length,
-                       max_chunk_length=self._chunk_length)
+    writer.configure((PACKED_KEY,), num_keep_alive_refs=self._length,
+                     max_chunk_length=self._chunk_length)
     return writer
 
-  def _append(self, worker: int, flat_values) -> None:
+  def _append(self, worker: int, row: np.ndarray) -> None:
+    """Appends one packed step (uint8 [width]) to the stream of ``worker``."""
     writer = self._writers[worker]
-    writer.append(tree.unflatten_as(self._spec, flat_values))
+    writer.append({PACKED_KEY: row})
     n = int(self._lengths[worker])           # index of this step (spec 5.4)
     self._stream[worker] += 1
     if self._stream[worker] >= self._length:  # spec 5.1: window ending at n
-      trajectory = tree.map_structure(lambda col: col[-self._length:],
-                                      writer.history)
+      trajectory = {PACKED_KEY: writer.history[PACKED_KEY][-self._length:]}
       writer.create_item(self._uniform_table, 1.0, trajectory)
       self._num_items += 1
       if self._online and n % self._length == 0:  # spec 5.4: n = 65, 130, ...

@@ -9,8 +9,12 @@ Two tables share the same chunks (spec 5.1, 5.4):
                (spec 5.4). Training pops it first (spec 5.3).
 
 Items are windows of ``config.seq_len`` = T + replay_context = 65 steps
-(spec 5.1, 5.8); the signature is ``agent.types.step_spec`` with a leading time
-axis of that length.
+(spec 5.1, 5.8). Logically an item is ``agent.types.step_spec`` with a leading
+time axis of that length (``window_signature``); the tables store it packed as
+one uint8 column [65, width] (``packed_window_signature``,
+``reverb_tables.packing``), which cuts Reverb's per-item, per-column chunk
+bookkeeping. The adder packs and the sampler unpacks, so callers only see the
+nested layout.
 
 Rate limiting (spec 6.1):
 
@@ -36,6 +40,7 @@ import tensorflow as tf
 import tree
 
 from agent.config import DreamerConfig
+from reverb_tables.packing import StepLayout
 
 UNIFORM_TABLE = 'uniform'
 ONLINE_TABLE = 'online'
@@ -56,6 +61,16 @@ def window_signature(step_spec, config: DreamerConfig):
                          name=name)
 
   return tree.map_structure_with_path(to_tensor_spec, step_spec)
+
+
+def packed_window_signature(step_spec, config: DreamerConfig):
+  """The stored table signature: ``{'step': uint8 [65, width]}``.
+
+  The column name records the packing layout (``reverb_tables.packing``), so
+  the nested step spec can be read back from the server
+  (``reverb_tables.adder.step_spec_from_server``).
+  """
+  return StepLayout.from_step_spec(step_spec).signature(config.seq_len)
 
 
 def online_queue_size(config: DreamerConfig) -> int:
@@ -108,7 +123,7 @@ def make_replay_tables(step_spec, config: DreamerConfig,
     raise ValueError(
         f'replay_capacity {config.replay_capacity} < batch_size*seq_len '
         f'{config.batch_size * config.seq_len} (spec 5.1 capacity check)')
-  signature = window_signature(step_spec, config)
+  signature = packed_window_signature(step_spec, config)
   uniform = reverb.Table(
       name=UNIFORM_TABLE,
       sampler=reverb.selectors.Uniform(),       # spec 5.5: uniform only
