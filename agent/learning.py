@@ -64,7 +64,7 @@ def compute_losses(params, slow_params, retnorm, batch, key,
   B, L = batch['is_first'].shape
   T = L - 1
   N = B * T
-  k_obs, k_img = jax.random.split(key)
+  k_obs, k_img, k_pol = jax.random.split(key, 3)
   W = nets.weights(params)
   Wsg = sg(W)
   W_slow = nets.weights({**params, **slow_params})['val']
@@ -90,14 +90,17 @@ def compute_losses(params, slow_params, retnorm, batch, key,
   # --- imagination (spec 3.1-3.3), no gradient into the world model ----------
   starts = rssm_lib.Latent(sg(deter).reshape(N, c.deter),
                            sg(stoch).reshape(N, c.stoch, c.classes))
-  def policy_fn(f, k):
+  def policy_fn(f, noise):
     # Policy weights NOT stop-gradiented: its raw outputs are reused by the
     # actor loss (log-prob of the stop-gradient action, entropy), spec 3.3, 3.11.
     outputs = nets.policy_outputs(W, f)
-    return nets.policy_dist(outputs).sample(key=k), outputs
+    return nets.policy_dist(outputs).sample(noise=noise), outputs
 
+  shape = (c.imag_horizon, N, nets.spaces.act_dim)
+  policy_noise = (jax.random.gumbel(k_pol, shape) if nets.spaces.discrete
+                  else jax.random.normal(k_pol, shape))
   img_deter, img_stoch, img_act, pol_out = rssm_lib.imagine(
-      Wsg['dyn'], starts, policy_fn, c.imag_horizon, k_img, c)
+      Wsg['dyn'], starts, policy_fn, policy_noise, k_img, c)
   imgfeat = sg(nets_lib.feat(img_deter, img_stoch))              # [N, H+1, F]
   if c.start_from_data:
     # OQ 6 (2411f7d): start-state reward and continuation from replayed data;

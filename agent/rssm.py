@@ -247,40 +247,41 @@ def img_step(Wc, carry: Latent, action, noise, config: DreamerConfig):
   return Latent(deter, sample.reshape(sample.shape[:-2] + (-1,)).astype(deter.dtype))
 
 
-def imagine(W, start: Latent, policy_fn, horizon: int, key, config: DreamerConfig):
+def imagine(W, start: Latent, policy_fn, policy_noise, key, config: DreamerConfig):
   """Imagination rollout (spec 2.8, 3.2, 3.3): H steps from each start state.
 
   start: deter [N, D], stoch [N, S, C]; W are stop-gradient RSSM weights (no
   gradient flows into the world model from imagination, spec 3.4).
-  policy_fn(feat [N, F], key) -> (action, outputs): it sees sg(carry) and
+  policy_fn(feat [N, F], noise [N, A]) -> (action, outputs): it sees sg(carry) and
   returns the sampled action and any per-state outputs (the policy head's raw
   outputs, so the actor loss reuses this forward pass instead of running the
   policy a second time on the same features with the same parameters, 3.3).
-  The action is stop-gradiented before it enters the core.
+  The action is stop-gradiented before it enters the core. policy_noise
+  [H, N, A] is the policy's sampling noise for every step, drawn before the
+  scan like the latents' Gumbel noise (no RNG inside the loop).
   Returns deter [N, H+1, D], stoch [N, H+1, S, C] (index 0 = start), actions
   [N, H, A] and outputs [N, H, ...] for states 0..H-1. The action at state H is
   never used by any loss (spec 3.2), so it is not sampled.
   """
   N = start.deter.shape[0]
+  horizon = policy_noise.shape[0]
   dtype = config.jnp_compute_dtype
-  k_pol, k_lat = jax.random.split(key)
-  pol_keys = jax.random.split(k_pol, horizon)
-  noise = jax.random.gumbel(k_lat, (horizon, N, config.stoch, config.classes),
+  noise = jax.random.gumbel(key, (horizon, N, config.stoch, config.classes),
                             jnp.float32)
   carry = Latent(sg(start.deter).astype(dtype),
                  sg(start.stoch).reshape(N, -1).astype(dtype))
   Wc = prepare_core(W, config)
 
   def step(carry, inp):
-    pkey, noise_t = inp
+    pnoise_t, noise_t = inp
     feat = jnp.concatenate([carry.deter, carry.stoch], -1)
-    action, outputs = policy_fn(sg(feat), pkey)
+    action, outputs = policy_fn(sg(feat), pnoise_t)
     action = sg(action)
     new = img_step(Wc, carry, action, noise_t, config)
     return new, (new.deter, new.stoch, action, outputs)
 
   _, (deter, stoch, actions, outputs) = jax.lax.scan(
-      step, carry, (pol_keys, noise), unroll=config.unroll_for(horizon))
+      step, carry, (policy_noise, noise), unroll=config.unroll_for(horizon))
   deter = jnp.concatenate([carry.deter[None], deter], 0)
   stoch = jnp.concatenate([carry.stoch[None], stoch], 0)
   swap = lambda x: jnp.swapaxes(x, 0, 1)
