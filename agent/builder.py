@@ -57,14 +57,15 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     spaces: the env's EnvSpaces.
     num_envs: env workers N (one adder stream and latent-store ring each).
     rate_limiter: 'min_size' (synchronous loop) or 'ratio' (multi process).
-    chunk_length: WindowAdder chunk length (docs/deviations.md "Replay").
+    chunk_length: WindowAdder chunk length (docs/deviations.md "Replay");
+      None = the adder's default.
     eval_policy: 'sample' (paper, spec 7.3) or 'mode' for evaluation actors.
     learner_logger_fn: factory of the learner's acme Logger (or None).
   """
 
   def __init__(self, config: DreamerConfig, spaces: EnvSpaces, *,
                num_envs: int, rate_limiter: str = 'min_size',
-               chunk_length: int = 16, eval_policy: str = 'sample',
+               chunk_length: Optional[int] = None, eval_policy: str = 'sample',
                learner_logger_fn=lambda: None, learner_log_every: int = 0):
     if num_envs < 1:
       raise ValueError(f'num_envs must be >= 1, got {num_envs}')
@@ -100,8 +101,11 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
 
   def make_adder(self, replay_client: reverb.Client) -> WindowAdder:
     """One stride-1 65-step window stream per env (spec 5.1-5.4)."""
+    kwargs = {}
+    if self._chunk_length:
+      kwargs['chunk_length'] = self._chunk_length
     return WindowAdder(replay_client, self.config, self.num_envs,
-                       self.step_spec, chunk_length=self._chunk_length)
+                       self.step_spec, **kwargs)
 
   def make_dataset_iterator(self, replay_client: reverb.Client) -> ReplayIterator:
     """Training batches (5.3) with write-back latents (5.8, 5.9)."""

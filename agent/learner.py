@@ -176,14 +176,18 @@ class DreamerLearner(core.Learner):
     step = self.num_steps
     cached_step, cached = self._variables_cache
     if cached_step != step:
-      params = jax.tree_util.tree_map(jnp.copy, self._state.params)
-      cached = {'params': params, 'policy': acting.acting_params(params)}
+      cached = {}
       self._variables_cache = (step, cached)
     out = []
     for name in names:
-      if name not in cached:
+      if name not in VARIABLE_NAMES:
         raise ValueError(f'unknown variable collection {name!r}; valid: '
                          f'{list(VARIABLE_NAMES)}')
+      if name not in cached:
+        params = self._state.params
+        if name == 'policy':
+          params = acting.acting_params(params)
+        cached[name] = jax.tree_util.tree_map(jnp.copy, params)
       out.append(cached[name])
     return out
 

@@ -1,0 +1,228 @@
+r"""Train DreamerV3 on a dm_control task (synchronous Acme loop, Algorithm K).
+
+  python experiments/run_dmc.py --flagfile=experiments/flags/quickstart.flags
+  python experiments/run_dmc.py --flagfile=experiments/flags/dmc_proprio.flags \
+      --task=walker_walk --seed=1 --logdir=runs/walker_walk/1
+
+Re-running the same command with the same --logdir resumes from the last
+checkpoint (see experiments/train.py; the run directory layout and metric
+names are in docs/metrics.md). Ctrl-C (SIGINT) or SIGTERM saves a checkpoint
+and exits; a second Ctrl-C stops at once.
+
+Units: --env_steps, --eval_every, --log_every count env steps (agent steps x
+--action_repeat, the spec 7.5 x-axis); --checkpoint_every and
+--progress_every are seconds of wall time.
+
+Flag names are stable; flags.txt in the run directory lists the ones used
+and works as a --flagfile.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import sys
+
+from absl import app, flags
+
+if __package__ in (None, ''):  # run as a script: make the repo root importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig  # noqa: E402
+
+# Flags that map onto DreamerConfig fields directly (flag name == field name).
+CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
+                'batch_length', 'replay_capacity')
+FLAG_NAMES = (
+    'task', 'size', 'train_ratio', 'action_repeat', 'num_envs', 'env_steps',
+    'seed', 'logdir', 'compute_dtype', 'eval_every', 'eval_episodes',
+    'eval_policy', 'checkpoint_every', 'log_every', 'progress_every',
+    'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
+    'chunk_length', 'config_overrides', 'report', 'jax_cache_dir')
+MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the run flags (and their validators) on ``fv``."""
+  F = dict(flag_values=fv)
+  flags.DEFINE_string('task', 'walker_walk',
+                      'dm_control task "domain_task" (spec 7.5 list in experiments/envs.py).', **F)
+  flags.DEFINE_enum('size', 'size12m', sorted(SIZE_PRESETS),
+                    'Model size preset (spec 2.1); paper protocol size12m.', **F)
+  flags.DEFINE_float('train_ratio', 512.0,
+                     'Replayed steps trained per agent step (spec 6.1); 512 = paper.', **F)
+  flags.DEFINE_integer('action_repeat', 2, 'Action repeat (spec 7.5).', **F)
+  flags.DEFINE_integer('num_envs', 16, 'Lock-stepped training envs (spec 7.5).', **F)
+  flags.DEFINE_integer('env_steps', 500_000,
+                       'Training budget in env steps (agent steps x repeat).', **F)
+  flags.DEFINE_integer('seed', 0, 'Seed of params, policy, envs and update rng '
+                       '(replay sampling is unseeded, docs/deviations.md).', **F)
+  flags.DEFINE_string('logdir', None, 'Run directory (resumed if it holds a '
+                      'checkpoint).', **F)
+  flags.DEFINE_enum('compute_dtype', 'float32', list(COMPUTE_DTYPES),
+                    'Compute dtype (spec 1.12); float32 on CPU.', **F)
+  flags.DEFINE_integer('eval_every', 50_000,
+                       'Env steps between evaluations (0: only at the end).', **F)
+  flags.DEFINE_integer('eval_episodes', 4,
+                       'Eval episodes per evaluation, one per eval env (0: no eval).', **F)
+  flags.DEFINE_enum('eval_policy', 'sample', ['sample', 'mode'],
+                    "Eval policy: 'sample' as the paper (spec 7.3) or 'mode' "
+                    '(deterministic).', **F)
+  flags.DEFINE_float('checkpoint_every', 600.0,
+                     'Seconds of wall time between checkpoints (also one at the end).', **F)
+  flags.DEFINE_integer('log_every', 10_000,
+                       'Env steps between metrics.jsonl / TensorBoard rows.', **F)
+  flags.DEFINE_float('progress_every', 10.0, 'Seconds between progress lines.', **F)
+  flags.DEFINE_integer('batch_size', 16, 'B (spec Table 4).', **F)
+  flags.DEFINE_integer('batch_length', 64, 'T trained steps per row (spec 5.1).', **F)
+  flags.DEFINE_integer('replay_capacity', 5_000_000, 'Replay items (spec 5.1).', **F)
+  flags.DEFINE_integer('train_fill', 0,
+                       'Items before training starts; 0 = B*T (spec 6.2).', **F)
+  flags.DEFINE_float('time_limit', None,
+                     'Episode length in simulated seconds (tests); default the '
+                     "task's own (1000 control steps).", **F)
+  flags.DEFINE_integer('chunk_length', 0, 'Reverb chunk length of the adder '
+                       '(0: the WindowAdder default).', **F)
+  flags.DEFINE_multi_string('config_overrides', [],
+                            'Extra DreamerConfig fields as name=value '
+                            '(e.g. lr=1e-4); see agent/config.py.', **F)
+  flags.DEFINE_bool('report', True, 'Write report.png (experiments/report.py) '
+                    'at the end.', **F)
+  flags.DEFINE_string('jax_cache_dir', None,
+                      'Persistent XLA compilation cache (a resumed run skips '
+                      'recompiling); default <logdir>/jax_cache, "off" disables.',
+                      **F)
+
+  def v(name, check, msg):
+    flags.register_validator(name, check, message=f'--{name} {msg}', **F)
+
+  v('task', _task_ok, 'must be a dm_control suite task such as walker_walk '
+    '(run `python -c "from experiments import envs; print(envs.all_task_names())"`)')
+  v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
+  v('action_repeat', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('num_envs', lambda x: x is not None and 1 <= x <= 1000, 'must be in [1, 1000]')
+  v('env_steps', lambda x: x is not None and x > 0, 'must be > 0')
+  v('seed', lambda x: x is not None and 0 <= x < MAX_SEED,
+    f'must be in [0, {MAX_SEED})')
+  v('logdir', lambda x: bool(x), 'is required (the run directory)')
+  v('eval_every', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('eval_episodes', lambda x: x is not None and 0 <= x <= 1000,
+    'must be in [0, 1000]')
+  v('checkpoint_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
+  v('log_every', lambda x: x is not None and x > 0, 'must be > 0 env steps')
+  v('progress_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
+  v('batch_size', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('batch_length', lambda x: x is not None and x >= 2, 'must be >= 2')
+  v('replay_capacity', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('train_fill', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('time_limit', lambda x: x is None or x > 0, 'must be > 0 seconds')
+  v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('config_overrides', _overrides_ok,
+    'entries must be name=value with a DreamerConfig field name (not one that '
+    'has its own flag) and a Python literal value')
+
+
+def _task_ok(name) -> bool:
+  if not name:
+    return False
+  from experiments.envs import parse_task
+  try:
+    parse_task(name)
+  except ValueError:
+    return False
+  return True
+
+
+def parse_overrides(entries) -> dict:
+  """['lr=1e-4', 'online_queue=False'] -> {'lr': 1e-4, 'online_queue': False}."""
+  fields = {f.name for f in dataclasses.fields(DreamerConfig)}
+  out = {}
+  for entry in entries or []:
+    if '=' not in entry:
+      raise ValueError(f'--config_overrides entry {entry!r} is not name=value')
+    name, raw = entry.split('=', 1)
+    name = name.strip()
+    if name not in fields:
+      raise ValueError(f'--config_overrides: unknown DreamerConfig field {name!r}')
+    if name in CONFIG_FLAGS or name == 'train_fill':
+      raise ValueError(f'--config_overrides: set {name!r} with --{name}')
+    try:
+      value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+      value = raw.strip()            # bare strings, e.g. latent_store_dtype=float32
+    out[name] = value
+  return out
+
+
+def _overrides_ok(entries) -> bool:
+  try:
+    parse_overrides(entries)
+  except ValueError:
+    return False
+  return True
+
+
+def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
+  """(RunConfig, DreamerConfig) from parsed flags; ValueError names the flag."""
+  from agent.config import make_config
+  from experiments.train import RunConfig
+  kw = {name: fv[name].value for name in CONFIG_FLAGS}
+  kw['train_fill'] = fv.train_fill or fv.batch_size * fv.batch_length
+  kw.update(parse_overrides(fv.config_overrides))
+  try:
+    config = make_config(**kw)
+  except ValueError as e:
+    raise ValueError(f'invalid configuration from flags: {e}') from e
+  if config.batch_size * config.seq_len > config.replay_capacity:
+    raise ValueError(f'--replay_capacity {config.replay_capacity} must be >= '
+                     f'batch_size * (batch_length + 1) = '
+                     f'{config.batch_size * config.seq_len}')
+  text = ''.join(fv[name].serialize() + '\n' for name in FLAG_NAMES
+                 if fv[name].serialize())
+  run = RunConfig(
+      task=fv.task, logdir=os.path.abspath(os.path.expanduser(fv.logdir)),
+      env_steps=fv.env_steps, num_envs=fv.num_envs,
+      action_repeat=fv.action_repeat, eval_every=fv.eval_every,
+      eval_episodes=fv.eval_episodes, eval_policy=fv.eval_policy,
+      checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
+      progress_every=fv.progress_every, time_limit=fv.time_limit,
+      chunk_length=fv.chunk_length or None, report=fv.report, flags_text=text)
+  return run, config
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  from experiments import train as train_lib
+  try:
+    run, config = configs_from_flags(flags.FLAGS)
+    trainer = train_lib.Trainer(run, config)
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  cache = flags.FLAGS.jax_cache_dir
+  if cache != 'off':
+    train_lib.enable_compilation_cache(cache or os.path.join(run.logdir, 'jax_cache'))
+  try:
+    summary = trainer.run()
+  except ValueError as e:   # e.g. NonFiniteActionError; last checkpoint intact
+    last = train_lib.latest_run_checkpoint(run.logdir)
+    print(f'error: {e}\nThe last checkpoint ({last or "none"}) is untouched.',
+          file=sys.stderr)
+    return 3
+  finally:
+    trainer.close()
+  print(f'[run_dmc] {summary["env_steps"]} env steps, {summary["updates"]} '
+        f'updates, {summary["episodes"]} episodes, last scores '
+        f'{[round(s, 1) for s in summary["recent_scores"]]}', file=sys.stderr)
+  return 0
+
+
+if __name__ == '__main__':
+  define_flags()
+  # --distributed: the same run as a Launchpad local_mp program
+  # (experiments/launch_dmc.py, docs/deviations.md "Distributed runs").
+  from experiments import launch_dmc  # noqa: E402
+  launch_dmc.define_distributed_flags()
+  app.run(launch_dmc.dispatch(main))

@@ -1,0 +1,258 @@
+"""experiments/run_dmc.py end to end and its bad-input rules (spec 6.1-6.5, 7.3).
+
+The end-to-end test runs experiments/flags/smoke.flags as real subprocesses
+(dm_control + Reverb + the tiny model): train until a checkpoint with updates
+exists, SIGKILL, resume with the same command to the end (eval, report), then
+load the policy and act.
+"""
+
+import agent  # noqa: F401  (jax compat before acme)
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from absl import flags
+
+from experiments import run_dmc
+from experiments import train as train_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
+
+
+def _cmd(logdir, *extra):
+  return [sys.executable, os.path.join(REPO, 'experiments', 'run_dmc.py'),
+          f'--flagfile={SMOKE}', f'--logdir={logdir}', *extra]
+
+
+def _env():
+  env = dict(os.environ)
+  env.setdefault('PYTHONUNBUFFERED', '1')
+  return env
+
+
+def _read_jsonl(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def test_smoke_train_kill_resume_eval(tmp_path):
+  """Train, checkpoint, SIGKILL, resume to the end, eval, report, load policy."""
+  logdir = tmp_path / 'run'
+  extra = ('--env_steps=1000', '--checkpoint_every=1', '--eval_every=400')
+  log1 = open(tmp_path / 'first.log', 'w')
+  proc = subprocess.Popen(_cmd(logdir, *extra), cwd=REPO, env=_env(),
+                          stdout=log1, stderr=subprocess.STDOUT)
+  killed_at = None
+  deadline = time.time() + 240
+  try:
+    while time.time() < deadline and proc.poll() is None:
+      ckpt = train_lib.latest_run_checkpoint(str(logdir))
+      if ckpt:
+        try:
+          with open(os.path.join(ckpt, train_lib.RUN_STATE_FILE)) as f:
+            counters = json.load(f)['counters']
+        except (OSError, ValueError):   # being pruned right now
+          counters = {'updates': 0}
+        if counters['updates'] > 0:
+          killed_at = counters
+          break
+      time.sleep(0.2)
+  finally:
+    if proc.poll() is None:
+      os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    log1.close()
+  assert killed_at is not None, open(tmp_path / 'first.log').read()[-3000:]
+  assert proc.returncode == -signal.SIGKILL
+  # The kill may land mid-save; resume must still use a complete checkpoint.
+  # Eval settings may change on resume: the deterministic eval policy.
+  out = subprocess.run(_cmd(logdir, *extra, '--eval_policy=mode'), cwd=REPO, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+  log = out.stdout + out.stderr
+  assert out.returncode == 0, log[-4000:]
+  assert 'resumed from' in log, log[-4000:]
+
+  # Counters continue to the target; one checkpoint left, its Reverb dir only.
+  ckpts = train_lib.list_run_checkpoints(str(logdir))
+  assert len(ckpts) == 1
+  with open(os.path.join(ckpts[0], train_lib.RUN_STATE_FILE)) as f:
+    state = json.load(f)
+  c = state['counters']
+  assert state['segment'] >= 1
+  assert c['env_steps'] >= 1000 and c['updates'] > killed_at['updates']
+  reverb_dirs = os.listdir(logdir / 'checkpoints' / 'reverb')
+  assert len(reverb_dirs) == 1
+
+  # Run directory contents.
+  flags_txt = (logdir / 'flags.txt').read_text()
+  assert '--task=cartpole_swingup' in flags_txt and '--size=tiny' in flags_txt
+  rows = _read_jsonl(logdir / 'metrics.jsonl')
+  train_rows = [r for r in rows if r['kind'] == 'train']
+  eval_rows = [r for r in rows if r['kind'] == 'eval']
+  assert train_rows and eval_rows
+  steps = [r['env_step'] for r in train_rows]
+  assert steps == sorted(steps), 'rows after the checkpoint must be discarded'
+  for key in ('fps/env_steps_per_s', 'replay/items', 'replay/online_rows',
+              'train/loss/total', 'time/learner_update_frac'):
+    assert any(r.get(key) is not None for r in train_rows), key
+  assert eval_rows[-1]['eval/policy'] == 'mode'        # --eval_policy honoured
+  assert eval_rows[-1]['env_step'] == c['env_steps']
+  scores = _read_jsonl(logdir / 'scores.jsonl')
+  assert scores and all(set(s) == {'task', 'env_step', 'score', 'seed'} for s in scores)
+  assert [s['env_step'] for s in scores] == sorted(s['env_step'] for s in scores)
+  assert len(_read_jsonl(logdir / 'eval' / 'scores.jsonl')) == 2 * len(eval_rows)
+  assert any(n.startswith('events.out.tfevents')
+             for n in os.listdir(logdir / 'tensorboard'))
+  assert (logdir / 'report.png').stat().st_size > 1000
+
+  # The saved policy acts (notebook API).
+  from experiments.envs import VectorEnv
+  from experiments.load_policy import load_policy
+  policy = load_policy(str(logdir))
+  assert policy.task == 'cartpole_swingup' and policy.env_steps == c['env_steps']
+  envs = VectorEnv(policy.task, num_envs=3, action_repeat=2, seed=5, time_limit=0.2)
+  obs = envs.reset()
+  policy.reset(3)
+  for mode in ('sample', 'mode', 'sample'):
+    action = policy.act(obs, mode=mode)
+    assert action.shape == (3, envs.act_dim) and np.isfinite(action).all()
+    obs = envs.step(action, reset=obs['is_last'])
+  envs.close()
+
+  # Re-running a finished run trains nothing and keeps everything.
+  before = (logdir / 'scores.jsonl').read_text()
+  out = subprocess.run(_cmd(logdir, *extra), cwd=REPO, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'nothing to train' in out.stderr
+  assert (logdir / 'scores.jsonl').read_text() == before
+
+
+# --- checkpoint folder consistency (kill mid-save) ------------------------------------
+
+
+def _fake_ckpt(root, name, reverb_name):
+  path = root / name
+  path.mkdir(parents=True)
+  (path / 'replay_state.json').write_text(json.dumps({'reverb_checkpoint': reverb_name}))
+  (path / train_lib.RUN_STATE_FILE).write_text('{}')
+  return path
+
+
+def test_clean_checkpoints_after_kill_mid_save(tmp_path):
+  """A save killed after its Reverb checkpoint but before the rename leaves a
+  newer Reverb dir and a .tmp dir: both go, the last good pair stays."""
+  root = tmp_path / 'checkpoints'
+  for name in ('2026-01-01T00:00:00', '2026-01-01T00:10:00', '2026-01-01T00:20:00'):
+    (root / 'reverb' / name).mkdir(parents=True)
+    (root / 'reverb' / name / 'DONE').write_text('')
+  (root / 'reverb' / '2026-01-01T00:30:00').mkdir()          # incomplete
+  _fake_ckpt(root, 'ckpt-000000000100', '2026-01-01T00:00:00')
+  good = _fake_ckpt(root, 'ckpt-000000000200', '2026-01-01T00:10:00')
+  (root / '.tmp-123-456').mkdir()
+  (root / 'ckpt-000000000300').mkdir()                         # no run_state: incomplete
+  assert train_lib.clean_checkpoints(str(tmp_path)) == str(good)
+  assert sorted(os.listdir(root)) == ['ckpt-000000000200', 'reverb']
+  assert os.listdir(root / 'reverb') == ['2026-01-01T00:10:00']
+  # A checkpoint whose Reverb dir is gone is reported, not silently reset.
+  shutil.rmtree(root / 'reverb' / '2026-01-01T00:10:00')
+  with pytest.raises(ValueError, match='corrupted'):
+    train_lib.clean_checkpoints(str(tmp_path))
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+def _parse(*argv):
+  fv = flags.FlagValues()
+  run_dmc.define_flags(fv)
+  fv(['run_dmc.py', *argv])
+  return fv
+
+
+@pytest.mark.parametrize('argv, name', [
+    (('--num_envs=0',), 'num_envs'),
+    (('--train_ratio=-1',), 'train_ratio'),
+    (('--train_ratio=0',), 'train_ratio'),
+    (('--task=walker_flyaway',), 'task'),
+    (('--env_steps=0',), 'env_steps'),
+    (('--action_repeat=0',), 'action_repeat'),
+    (('--checkpoint_every=0',), 'checkpoint_every'),
+    (('--eval_episodes=-1',), 'eval_episodes'),
+    (('--batch_length=1',), 'batch_length'),
+    (('--seed=-3',), 'seed'),
+    (('--config_overrides=not_a_field=1',), 'config_overrides'),
+    (('--config_overrides=batch_size=4',), 'config_overrides'),
+])
+def test_bad_flag_values_name_the_flag(argv, name):
+  with pytest.raises(flags.IllegalFlagValueError, match=f'--{name}'):
+    _parse('--logdir=/tmp/x', *argv)
+
+
+def test_bad_enum_and_missing_logdir():
+  with pytest.raises(flags.IllegalFlagValueError, match='eval_policy'):
+    _parse('--logdir=/tmp/x', '--eval_policy=greedy')
+  with pytest.raises(flags.IllegalFlagValueError, match='size'):
+    _parse('--logdir=/tmp/x', '--size=size3m')
+  with pytest.raises(flags.IllegalFlagValueError, match='--logdir'):
+    _parse()
+
+
+def test_flags_build_configs_and_overrides(tmp_path):
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}',
+              '--config_overrides=lr=1e-4', '--config_overrides=online_queue=False')
+  run, config = run_dmc.configs_from_flags(fv)
+  assert config.size == 'tiny' and config.lr == 1e-4 and not config.online_queue
+  assert config.train_fill == config.batch_size * config.batch_length
+  assert run.env_steps == 600 and run.num_envs == 2 and run.eval_policy == 'sample'
+  assert '--task=cartpole_swingup' in run.flags_text
+  # Capacity below one batch is rejected with the flag name.
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}', '--replay_capacity=10')
+  with pytest.raises(ValueError, match='--replay_capacity'):
+    run_dmc.configs_from_flags(fv)
+
+
+def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_path):
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file" / "run"}')
+  (tmp_path / 'file').write_text('not a directory')
+  run, config = run_dmc.configs_from_flags(fv)
+  with pytest.raises(ValueError, match='--logdir'):
+    train_lib.Trainer(run, config)
+  # A logdir with a checkpoint of another size: error names the difference,
+  # and nothing in the directory changes.
+  logdir = tmp_path / 'old'
+  ckpt = logdir / 'checkpoints' / 'ckpt-000000000010'
+  ckpt.mkdir(parents=True)
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={logdir}')
+  run, config = run_dmc.configs_from_flags(fv)
+  saved = {'config': {**json.loads(json.dumps(vars_of(config))), 'size': 'size1m'},
+           'run': {k: getattr(run, k) for k in train_lib.RESUME_FIXED}}
+  (ckpt / train_lib.CONFIG_FILE).write_text(json.dumps(saved))
+  (ckpt / train_lib.RUN_STATE_FILE).write_text('{}')
+  (logdir / 'scores.jsonl').write_text('keep me\n')
+  listing = sorted(str(p) for p in logdir.rglob('*'))
+  with pytest.raises(ValueError, match="size: saved 'size1m', given 'tiny'"):
+    train_lib.Trainer(run, config)
+  assert sorted(str(p) for p in logdir.rglob('*')) == listing
+  assert (logdir / 'scores.jsonl').read_text() == 'keep me\n'
+
+
+def vars_of(config):
+  import dataclasses
+  return dataclasses.asdict(config)
+
+
+def test_cli_bad_flag_exits_nonzero_with_message(tmp_path):
+  out = subprocess.run(_cmd(tmp_path / 'r', '--num_envs=0'), cwd=REPO, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0
+  assert '--num_envs' in out.stderr
+  assert not (tmp_path / 'r').exists()
