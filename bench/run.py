@@ -46,6 +46,7 @@ flags.DEFINE_integer('after_gate', 256, 'Timed agent steps (transitions) after '
                      'the first update, end-to-end part.')
 flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 flags.DEFINE_bool('acting', True, 'Run the acting part.')
+flags.DEFINE_bool('end_to_end', True, 'Run the end-to-end part.')
 
 
 def bench_acting(size: str):
@@ -206,8 +207,9 @@ def main(_):
   if FLAGS.acting:
     for size in FLAGS.sizes:
       results['acting'].append(bench_acting(size))
-  for size in FLAGS.sizes:
-    results['end_to_end'].append(bench_end_to_end(size))
+  if FLAGS.end_to_end:
+    for size in FLAGS.sizes:
+      results['end_to_end'].append(bench_end_to_end(size))
   print(json.dumps(results))
 
 

@@ -54,6 +54,7 @@ class Replay:
     self.dataset = builder.make_dataset_iterator(self.client)
 
   def close(self):
+    self.adder.close()       # open writers make server.stop() wait ~5 s
     self.server.stop()
 
 
