@@ -223,6 +223,12 @@ def saved_run_settings(ckpt: str) -> Dict[str, Any]:
 def check_resume_compatible(ckpt: str, run: RunConfig,
                             config: DreamerConfig) -> None:
   """ValueError listing every flag that differs from the checkpointed run."""
+  state_path = os.path.join(ckpt, RUN_STATE_FILE)
+  mode = _read_json(state_path).get('mode') if os.path.exists(state_path) else None
+  if mode not in (None, 'single_process'):
+    raise ValueError(
+        f'--logdir {run.logdir!r} holds a {mode} run (checkpoint {ckpt}); resume it '
+        'with --distributed, or use a new --logdir for a single-process run.')
   saved = saved_run_settings(ckpt)
   diffs = []
   for k, v in dataclasses.asdict(config).items():

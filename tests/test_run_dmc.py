@@ -256,3 +256,18 @@ def test_cli_bad_flag_exits_nonzero_with_message(tmp_path):
   assert out.returncode != 0
   assert '--num_envs' in out.stderr
   assert not (tmp_path / 'r').exists()
+
+
+def test_single_process_refuses_distributed_checkpoint(tmp_path):
+  """Bad input: resuming a distributed run's logdir without --distributed is a
+  clear error naming the mode, and touches nothing."""
+  import json
+  from agent import config as config_lib
+  from experiments import train as train_lib
+  ckpt = tmp_path / 'ckpt'
+  ckpt.mkdir()
+  (ckpt / train_lib.RUN_STATE_FILE).write_text(json.dumps({'mode': 'distributed'}))
+  run = train_lib.RunConfig(task='cartpole_swingup', logdir=str(tmp_path), env_steps=100)
+  with pytest.raises(ValueError, match='distributed run'):
+    train_lib.check_resume_compatible(str(ckpt), run, config_lib.make_config(size='tiny'))
+  assert json.loads((ckpt / train_lib.RUN_STATE_FILE).read_text()) == {'mode': 'distributed'}
