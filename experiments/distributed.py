@@ -959,16 +959,8 @@ class MetricsWriter:
       self._tb = None
 
 
-def _jsonable(v):
-  if isinstance(v, (np.floating, np.integer)):
-    v = v.item()
-  if isinstance(v, float) and not np.isfinite(v):
-    return None
-  return v
-
-
-def _file_size(path: str) -> int:
-  return os.path.getsize(path) if os.path.exists(path) else 0
+_jsonable = train_lib._jsonable      # same row and file helpers as the
+_file_size = train_lib._file_size    # single-process run
 
 
 def _json_default(x):

@@ -97,22 +97,14 @@ def _log(msg: str) -> None:
 
 
 def _read_json(path: str) -> Any:
-  with open(path) as f:
-    return json.load(f)
+  from experiments import train as train_lib  # lazy: imports acme
+  return train_lib._read_json(path)
 
 
 def _cut_file(path: str, size: int) -> int:
-  """Moves bytes past ``size`` to ``path.discarded`` (as train.py does)."""
-  if not os.path.exists(path) or os.path.getsize(path) <= size:
-    return 0
-  with open(path, 'rb') as f:
-    f.seek(size)
-    tail = f.read()
-  with open(path + '.discarded', 'ab') as f:
-    f.write(tail)
-  with open(path, 'r+b') as f:
-    f.truncate(size)
-  return len(tail)
+  """Moves bytes past ``size`` to ``path.discarded`` (train.py's helper)."""
+  from experiments import train as train_lib
+  return train_lib._cut_file(path, size)
 
 
 def _last_train_row(path: str) -> Optional[Dict[str, Any]]:
