@@ -220,15 +220,19 @@ def saved_run_settings(ckpt: str) -> Dict[str, Any]:
   return _read_json(os.path.join(ckpt, CONFIG_FILE))
 
 
-def check_resume_compatible(ckpt: str, run: RunConfig,
-                            config: DreamerConfig) -> None:
-  """ValueError listing every flag that differs from the checkpointed run."""
+def check_single_process_checkpoint(ckpt: str, logdir: str) -> None:
+  """ValueError if `ckpt` was written by a distributed (Launchpad) run."""
   state_path = os.path.join(ckpt, RUN_STATE_FILE)
   mode = _read_json(state_path).get('mode') if os.path.exists(state_path) else None
   if mode not in (None, 'single_process'):
     raise ValueError(
-        f'--logdir {run.logdir!r} holds a {mode} run (checkpoint {ckpt}); resume it '
+        f'--logdir {logdir!r} holds a {mode} run (checkpoint {ckpt}); resume it '
         'with --distributed, or use a new --logdir for a single-process run.')
+
+
+def check_resume_compatible(ckpt: str, run: RunConfig,
+                            config: DreamerConfig) -> None:
+  """ValueError listing every flag that differs from the checkpointed run."""
   saved = saved_run_settings(ckpt)
   diffs = []
   for k, v in dataclasses.asdict(config).items():
@@ -356,6 +360,7 @@ class Trainer:
     check_logdir_writable(self.logdir)
     self._resume_from = latest_run_checkpoint(self.logdir)
     if self._resume_from is not None:
+      check_single_process_checkpoint(self._resume_from, run.logdir)
       check_resume_compatible(self._resume_from, run, config)
     self._closed = False
     self._stop_signal = None

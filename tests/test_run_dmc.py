@@ -262,12 +262,10 @@ def test_single_process_refuses_distributed_checkpoint(tmp_path):
   """Bad input: resuming a distributed run's logdir without --distributed is a
   clear error naming the mode, and touches nothing."""
   import json
-  from agent import config as config_lib
   from experiments import train as train_lib
   ckpt = tmp_path / 'ckpt'
   ckpt.mkdir()
   (ckpt / train_lib.RUN_STATE_FILE).write_text(json.dumps({'mode': 'distributed'}))
-  run = train_lib.RunConfig(task='cartpole_swingup', logdir=str(tmp_path), env_steps=100)
   with pytest.raises(ValueError, match='distributed run'):
-    train_lib.check_resume_compatible(str(ckpt), run, config_lib.make_config(size='tiny'))
+    train_lib.check_single_process_checkpoint(str(ckpt), str(tmp_path))
   assert json.loads((ckpt / train_lib.RUN_STATE_FILE).read_text()) == {'mode': 'distributed'}
