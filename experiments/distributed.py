@@ -1383,33 +1383,20 @@ class EvaluatorNode:
     n = run.eval_episodes
     actor = self.actor
     actor.update(wait=True)
-    obs = self.envs.reset()
-    actor.observe_first(obs)
-    tracker = self._envs_lib.EpisodeTracker(n)
-    tracker.update(obs)
-    scores = np.full(n, np.nan)
-    lengths = np.zeros(n, np.int64)
-    while np.isnan(scores).any():
+
+    def should_stop():
       if self._stop_event.is_set():
         raise StopRequested()
-      action = actor.select_action(obs)
-      obs = self.envs.step(action, reset=obs['is_last'])
-      for ep in tracker.update(obs):
-        if np.isnan(scores[ep.env_index]):
-          scores[ep.env_index] = ep.score
-          lengths[ep.env_index] = ep.length
+
+    scores, lengths = train_lib.run_eval_episodes(
+        actor, self.envs, n, self._envs_lib, should_stop)
     self.eval_runs += 1
     for s in scores:
       append_score(os.path.join(run.logdir, train_lib.EVAL_DIR), run.task,
                    env_step, float(s), self._spec.config.seed)
     row = {'kind': 'eval', 'env_step': int(env_step),
-           'eval/policy': actor.mode, 'eval/episodes': n,
-           'eval/score_mean': float(np.mean(scores)),
-           'eval/score_std': float(np.std(scores)),
-           'eval/score_min': float(np.min(scores)),
-           'eval/score_max': float(np.max(scores)),
-           'eval/length_mean': float(np.mean(lengths)),
-           'eval/seconds': time.perf_counter() - t0}
+           **train_lib.eval_metrics(scores, lengths, actor.mode,
+                                    time.perf_counter() - t0)}
     if self._logger is None:
       self._logger = MetricsWriter(run.logdir)
     self._logger.write(row)

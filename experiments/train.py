@@ -248,6 +248,41 @@ def check_resume_compatible(ckpt: str, run: RunConfig,
         + '; '.join(diffs))
 
 
+def run_eval_episodes(actor, envs, n: int, envs_lib, should_stop=None):
+  """One episode per eval env with `actor` (spec 7.3); returns (scores, lengths).
+
+  `should_stop()` is polled every vector step (distributed runs); the
+  exception it raises, if any, propagates.
+  """
+  obs = envs.reset()
+  actor.observe_first(obs)
+  tracker = envs_lib.EpisodeTracker(n)
+  tracker.update(obs)
+  scores = np.full(n, np.nan)
+  lengths = np.zeros(n, np.int64)
+  while np.isnan(scores).any():
+    if should_stop is not None:
+      should_stop()
+    action = actor.select_action(obs)
+    obs = envs.step(action, reset=obs['is_last'])
+    for ep in tracker.update(obs):
+      if np.isnan(scores[ep.env_index]):
+        scores[ep.env_index] = ep.score
+        lengths[ep.env_index] = ep.length
+  return scores, lengths
+
+
+def eval_metrics(scores, lengths, mode: str, seconds: float) -> Dict[str, Any]:
+  """The `eval/...` metric names of docs/metrics.md."""
+  return {'eval/policy': mode, 'eval/episodes': len(scores),
+          'eval/score_mean': float(np.mean(scores)),
+          'eval/score_std': float(np.std(scores)),
+          'eval/score_min': float(np.min(scores)),
+          'eval/score_max': float(np.max(scores)),
+          'eval/length_mean': float(np.mean(lengths)),
+          'eval/seconds': seconds}
+
+
 # --- logging ------------------------------------------------------------------------
 
 
@@ -724,32 +759,14 @@ class Trainer:
       self.eval_actor.num_policy_calls = self.eval_calls
     actor = self.eval_actor
     actor.update(wait=True)
-    obs = self.eval_envs.reset()
-    actor.observe_first(obs)
-    tracker = self._envs_lib.EpisodeTracker(n)
-    tracker.update(obs)
-    scores = np.full(n, np.nan)
-    lengths = np.zeros(n, np.int64)
-    while np.isnan(scores).any():
-      action = actor.select_action(obs)
-      obs = self.eval_envs.step(action, reset=obs['is_last'])
-      for ep in tracker.update(obs):
-        if np.isnan(scores[ep.env_index]):
-          scores[ep.env_index] = ep.score
-          lengths[ep.env_index] = ep.length
+    scores, lengths = run_eval_episodes(actor, self.eval_envs, n, self._envs_lib)
     self.eval_calls = actor.num_policy_calls
     self.eval_runs += 1
     for s in scores:
       append_score(os.path.join(self.logdir, EVAL_DIR), run.task, self.env_steps,
                    float(s), self.config.seed)
     row = {'kind': 'eval', 'env_step': self.env_steps, 'updates': self.updates,
-           'eval/policy': actor.mode, 'eval/episodes': n,
-           'eval/score_mean': float(np.mean(scores)),
-           'eval/score_std': float(np.std(scores)),
-           'eval/score_min': float(np.min(scores)),
-           'eval/score_max': float(np.max(scores)),
-           'eval/length_mean': float(np.mean(lengths)),
-           'eval/seconds': time.perf_counter() - t0}
+           **eval_metrics(scores, lengths, actor.mode, time.perf_counter() - t0)}
     self.logger.write(row)
     self.last_eval_step = self.env_steps
     self._t_eval += time.perf_counter() - t0
