@@ -60,7 +60,7 @@ def make_policy(nets: nets_lib.DreamerNetworks) -> Policy:
     tokens = nets.encode(W, observation)
     x2 = rssm_lib.embed_action(W['dyn'], carry.prevact, is_first, c)
     tok = rssm_lib.token_projection(W['dyn'], tokens, c)
-    noise = jax.random.gumbel(k_lat, (is_first.shape[0], c.stoch, c.classes))
+    noise = jax.random.uniform(k_lat, (is_first.shape[0], c.stoch))
     latent, _ = rssm_lib.observe_step(
         rssm_lib.prepare_core(W['dyn'], c), rssm_lib.Latent(carry.deter, carry.stoch), tok, x2, is_first,
         noise, c)

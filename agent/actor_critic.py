@@ -48,8 +48,8 @@ class RetNormState(NamedTuple):
 def retnorm_update_then_read(state: RetNormState, returns, config: DreamerConfig):
   """Update the EMAs with this batch first, then read S = max(limit, hi - lo) (3.8)."""
   x = sg(returns).reshape(-1).astype(jnp.float32)
-  lo_b = jnp.percentile(x, config.retnorm_perclo)
-  hi_b = jnp.percentile(x, config.retnorm_perchi)
+  lo_b, hi_b = jnp.percentile(x, jnp.array([config.retnorm_perclo,
+                                            config.retnorm_perchi]))  # one sort
   r = config.retnorm_rate
   new = RetNormState((1 - r) * state.lo + r * lo_b, (1 - r) * state.hi + r * hi_b)
   scale = jnp.maximum(config.retnorm_limit, new.hi - new.lo)
@@ -60,34 +60,45 @@ def imag_loss(*, act, rew_hat, con_hat, pi, val_logits, slow_pred, retnorm: RetN
               config: DreamerConfig):
   """Imagination policy and value losses (Algorithm F, spec 3.5-3.17).
 
-  All inputs are on stop-gradient imagined features, shapes [N, H+1, ...]
-  except act [N, H] (the actions sampled at states 0..H-1): rew_hat/con_hat predicted reward and continuation
-  (index 0 may come from replay data, OQ 6), pi the policy distribution on
-  states 0..H-1, val_logits the online critic on states 0..H, slow_pred the
-  slow critic's expectation on states 0..H-1.
-  Returns (policy loss [N], value loss [N], R [N, H], new retnorm, metrics).
+  Time-major, on stop-gradient imagined features (N = B*T starts):
+    act [H, N, A]: the actions sampled at states 0..H-1;
+    rew_hat, con_hat [H+1, N]: predicted reward and continuation (index 0 may
+      come from replay data, OQ 6);
+    pi: the policy distribution at states 0..H-1 (batch shape [H, N]);
+    val_logits: (online critic logits at state 0 [N, K], at states 1..H
+      [H, N, K]), kept apart so the start and imagined features never have to
+      be concatenated into one [H+1, N, F] tensor;
+    slow_pred [H, N]: the slow critic's expectation at states 0..H-1.
+  Returns (policy loss [N], value loss [N], R [H, N], new retnorm, metrics).
   """
   disc = 1.0 if config.contdisc else config.gamma
-  v_on = sg(dists.twohot_pred(val_logits))                       # [N, H+1]
-  weight = sg(jnp.cumprod(disc * con_hat, 1) / disc)             # includes c_0
-  ret = lambda_return(jnp.zeros_like(con_hat), 1.0 - con_hat, rew_hat, v_on,
-                      disc, config.lam)                          # [N, H]
+  logits0, logits_img = val_logits
+  v_on = sg(jnp.concatenate([dists.twohot_pred(logits0)[None],
+                             dists.twohot_pred(logits_img)], 0))    # [H+1, N]
+  weight = sg(jnp.cumprod(disc * con_hat, 0) / disc)             # includes c_0
+  ret = lambda_return(jnp.zeros_like(con_hat.T), 1.0 - con_hat.T, rew_hat.T, v_on.T,
+                      disc, config.lam).T                        # [H, N]
   retnorm, scale = retnorm_update_then_read(retnorm, ret, config)
-  adv = (ret - v_on[:, :-1]) / scale
+  adv = (ret - v_on[:-1]) / scale
   logpi = pi.log_prob(sg(act))
   ent = pi.entropy()
-  w = weight[:, :-1]
+  w = weight[:-1]
   pol = w * -(logpi * sg(adv) + config.actent * ent)
-  val = w * (dists.twohot_loss(val_logits[:, :-1], sg(ret)) +
-             config.slowreg * dists.twohot_loss(val_logits[:, :-1], sg(slow_pred)))
+
+  def critic(logits, ret_t, slow_t):                             # spec 3.16, 3.17
+    return dists.twohot_loss(logits, (sg(ret_t), sg(slow_t)),
+                             scales=(1.0, config.slowreg))
+
+  val = w * jnp.concatenate([critic(logits0, ret[0], slow_pred[0])[None],
+                             critic(logits_img[:-1], ret[1:], slow_pred[1:])], 0)
   metrics = {
       'ret_mean': ret.mean(), 'ret_scale': scale, 'ret_lo': retnorm.lo,
       'ret_hi': retnorm.hi, 'adv_mag': jnp.abs(adv).mean(),
       'policy_entropy': ent.mean(), 'policy_logprob': logpi.mean(),
       'value_mean': v_on.mean(), 'imag_weight_mean': w.mean(),
-      'imag_reward_mean': rew_hat[:, 1:].mean(), 'imag_cont_mean': con_hat[:, 1:].mean(),
+      'imag_reward_mean': rew_hat[1:].mean(), 'imag_cont_mean': con_hat[1:].mean(),
   }
-  return pol.mean(1), val.mean(1), ret, retnorm, metrics
+  return pol.mean(0), val.mean(0), ret, retnorm, metrics
 
 
 def repl_loss(*, val_logits, slow_pred, boot, reward, is_last, is_terminal,
@@ -100,7 +111,6 @@ def repl_loss(*, val_logits, slow_pred, boot, reward, is_last, is_terminal,
   ret = lambda_return(is_last, is_terminal, reward, boot, config.gamma,
                       config.replay_lam)                          # [B, T-1]
   mask = 1.0 - is_last[:, :-1].astype(jnp.float32)
-  loss = mask * (dists.twohot_loss(val_logits[:, :-1], sg(ret)) +
-                 config.slowreg * dists.twohot_loss(val_logits[:, :-1],
-                                                    sg(slow_pred[:, :-1])))
+  loss = mask * dists.twohot_loss(val_logits[:, :-1], (sg(ret), sg(slow_pred[:, :-1])),
+                                  scales=(1.0, config.slowreg))
   return loss, ret

@@ -6,6 +6,7 @@ applies to matmul inputs and outputs. RMSNorm statistics are always f32.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -69,10 +70,49 @@ def block_dense(x, w, b):
   return jnp.moveaxis(y, 0, 1).reshape(lead + (g * o,)) + b.astype(x.dtype)
 
 
+def row_sum(x):
+  """Sum over the last axis as a matmul with a ones vector: [..., n] -> [...].
+
+  XLA:CPU lowers a reduction over a minor axis wider than 32 to a slow
+  reduce-window; a GEMV is several times faster (bench: RMSNorm forward 2.5-3x).
+  Float32 accumulation like the reduction it replaces.
+  """
+  return (x @ jnp.ones((x.shape[-1], 1), x.dtype))[..., 0]
+
+
+def _rms_fwd(x, scale, eps):
+  r = jax.lax.rsqrt(row_sum(x * x)[..., None] / x.shape[-1] + eps)
+  return x * r * scale, (x, r, scale)
+
+
+def _rms_bwd(eps, res, dy):
+  """y = s x r, r = (mean(x^2) + eps)^-1/2:
+  dx = r (s dy) - x r^3 mean(s dy x);  ds = sum_rows(dy x r)."""
+  x, r, scale = res
+  n = x.shape[-1]
+  sdy = dy * scale
+  dx = r * sdy - x * (r ** 3) * (row_sum(sdy * x)[..., None] / n)
+  dyxr = (dy * x * r).reshape(-1, n)
+  dscale = (jnp.ones((1, dyxr.shape[0]), dyxr.dtype) @ dyxr)[0]
+  return dx, dscale.reshape(scale.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rms_norm_f32(x, scale, eps):
+  return _rms_fwd(x, scale, eps)[0]
+
+
+_rms_norm_f32.defvjp(_rms_fwd, _rms_bwd)
+
+
 def rms_norm(x, scale, eps: float = 1e-4):
-  """RMSNorm over the last axis, f32 statistics, cast back (spec 1.3)."""
-  x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps) * scale
+  """RMSNorm over the last axis, f32 statistics, cast back (spec 1.3).
+
+  x * rsqrt(mean(x^2) + eps) * scale. The row statistics (forward and
+  backward) are matmuls with a ones vector (row_sum); tests/test_blocks.py
+  checks values and gradients against the plain formula.
+  """
+  y = _rms_norm_f32(x.astype(jnp.float32), jnp.asarray(scale, jnp.float32), eps)
   return y.astype(x.dtype)
 
 

@@ -45,86 +45,179 @@ def symexp_bins(n: int = 255) -> np.ndarray:
   return bins
 
 
-def twohot_loss(logits, target, bins=None):
+def _row_sum(x):
+  """Sum over the last axis as a GEMV (see blocks.row_sum: XLA:CPU reductions
+  over a minor axis wider than 32 are several times slower than a matmul)."""
+  return (x @ jnp.ones((x.shape[-1], 1), x.dtype))[..., 0]
+
+
+def _twohot_neighbours(bins, y):
+  """Algorithm D: below/above bin indices and their (stop-gradient) weights."""
+  n = bins.shape[0]
+  # count = #bins <= y; below/above are its clipped neighbours. Out of range
+  # (count 0 or n) both clip to the edge bin: equal, all mass there.
+  count = _row_sum((bins <= y[..., None]).astype(f32)).astype(jnp.int32)
+  below = jnp.clip(count - 1, 0, n - 1)
+  above = jnp.clip(count, 0, n - 1)
+  equal = below == above
+  d_below = jnp.where(equal, 1.0, jnp.abs(bins[below] - y))
+  d_above = jnp.where(equal, 1.0, jnp.abs(bins[above] - y))
+  total = d_below + d_above
+  return below, above, sg(d_above / total), sg(d_below / total)
+
+
+def _logsumexp(logits):
+  m = sg(jnp.max(logits, -1))
+  return m + jnp.log(_row_sum(jnp.exp(logits - m[..., None])))
+
+
+@jax.custom_vjp
+def _twohot_xent(logits, below, above, w_below, w_above):
+  """sum_i -[w_below_i log p(below_i) + w_above_i log p(above_i)], p = softmax.
+
+  below/above/w_* are [..., M]: M two-hot targets on the same logits (the
+  critic's return and slow-critic targets, spec 3.16-3.17). Cross-entropy
+  against a two-hot vector has two non-zero target entries, so the forward is
+  one logsumexp and a gather; the backward is (sum_i w_i) softmax - target, one
+  elementwise pass (no scatter, no one-hot [..., K] target in the forward).
+  """
+  return _twohot_xent_fwd(logits, below, above, w_below, w_above)[0]
+
+
+def _twohot_xent_fwd(logits, below, above, w_below, w_above):
+  lse = _logsumexp(logits)
+  lb = jnp.take_along_axis(logits, below, -1)
+  la = jnp.take_along_axis(logits, above, -1)
+  loss = _row_sum((w_below + w_above) * lse[..., None] - w_below * lb - w_above * la)
+  return loss, (logits, lse, below, above, w_below, w_above)
+
+
+def _twohot_xent_bwd(res, g):
+  logits, lse, below, above, w_below, w_above = res
+  iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  coef = _row_sum(w_below + w_above)[..., None]
+  grad = coef * jnp.exp(logits - lse[..., None])
+  for i in range(below.shape[-1]):
+    grad = (grad - jnp.where(iota == below[..., i:i + 1], w_below[..., i:i + 1], 0.0)
+            - jnp.where(iota == above[..., i:i + 1], w_above[..., i:i + 1], 0.0))
+  return g[..., None] * grad, None, None, None, None
+
+
+_twohot_xent.defvjp(_twohot_xent_fwd, _twohot_xent_bwd)
+
+
+def twohot_loss(logits, target, bins=None, scales=None):
   """Two-hot cross-entropy in raw space (Algorithm D). Returns logits.shape[:-1].
 
   Interpolation is linear in raw space between the symexp-spaced neighbours;
   out-of-range targets put all their mass on the edge bin, exact hits on that bin.
-  The target is not symlogged.
+  The target is not symlogged and receives no gradient.
+  `target` may be a tuple of targets with `scales`: sum_i scales_i loss(target_i)
+  on the same logits, computed with one softmax (critic + slow-critic terms).
   """
   logits = logits.astype(f32)
   bins = jnp.asarray(symexp_bins(logits.shape[-1]) if bins is None else bins, f32)
   n = bins.shape[0]
   if logits.shape[-1] != n:
     raise ValueError(f'logits have {logits.shape[-1]} classes, bins {n}')
-  y = jnp.asarray(target, f32)
-  chex_shape = logits.shape[:-1]
-  if y.shape != chex_shape:
-    raise ValueError(f'target shape {y.shape} != logits batch shape {chex_shape}')
-  below = jnp.clip(jnp.sum(bins <= y[..., None], -1) - 1, 0, n - 1)
-  above = jnp.clip(n - jnp.sum(bins > y[..., None], -1), 0, n - 1)
-  equal = below == above
-  d_below = jnp.where(equal, 1.0, jnp.abs(bins[below] - y))
-  d_above = jnp.where(equal, 1.0, jnp.abs(bins[above] - y))
-  total = d_below + d_above
-  w_below = sg(d_above / total)
-  w_above = sg(d_below / total)
-  # Cross-entropy against the two-hot target: only the two target bins carry
-  # weight, so gather their log-probabilities instead of building one-hots.
-  logp = jax.nn.log_softmax(logits, -1)
-  lp_below = jnp.take_along_axis(logp, below[..., None], -1)[..., 0]
-  lp_above = jnp.take_along_axis(logp, above[..., None], -1)[..., 0]
-  return -(w_below * lp_below + w_above * lp_above)
+  targets = target if isinstance(target, (tuple, list)) else (target,)
+  scales = (1.0,) * len(targets) if scales is None else tuple(scales)
+  if len(scales) != len(targets):
+    raise ValueError(f'{len(targets)} targets but {len(scales)} scales')
+  parts = []
+  for y, scale in zip(targets, scales):
+    y = jnp.asarray(y, f32)
+    if y.shape != logits.shape[:-1]:
+      raise ValueError(f'target shape {y.shape} != logits batch shape {logits.shape[:-1]}')
+    below, above, w_below, w_above = _twohot_neighbours(bins, y)
+    parts.append((below, above, scale * w_below, scale * w_above))
+  stack = lambda i: jnp.stack([p[i] for p in parts], -1)
+  return _twohot_xent(logits, stack(0), stack(1), stack(2), stack(3))
 
 
 def twohot_pred(logits, bins=None):
   """Symmetric expectation (spec 1.9): uniform probabilities give exactly 0."""
   logits = logits.astype(f32)
-  bins = jnp.asarray(symexp_bins(logits.shape[-1]) if bins is None else bins, f32)
-  p = jax.nn.softmax(logits, -1)
+  e = jnp.exp(logits - sg(jnp.max(logits, -1, keepdims=True)))
+  if bins is not None:                     # any bins: pair k with K-1-k, then sum
+    bins = jnp.asarray(bins, f32)
+    eb = e * bins
+    half = bins.shape[0] // 2
+    mid = eb[..., half] if bins.shape[0] % 2 else 0.0
+    return (mid + jnp.sum(eb[..., :half][..., ::-1] + eb[..., -half:], -1)) / _row_sum(e)
+  bins = jnp.asarray(symexp_bins(logits.shape[-1]), f32)
   m = (bins.shape[0] - 1) // 2
-  pb = p * bins
-  return pb[..., m] + jnp.sum(pb[..., :m][..., ::-1] + pb[..., m + 1:], -1)
+  # symexp_bins: bins[m] = 0 and bins[m - j] = -bins[m + j] exactly, so
+  # sum_k p_k b_k = sum_{j>0} (p_{m+j} - p_{m-j}) b_{m+j}: mirrored pairs cancel
+  # exactly when their probabilities are equal. Normalising once at the end
+  # avoids writing the [..., K] probabilities; both sums are GEMVs.
+  diff = e[..., m + 1:] - e[..., :m][..., ::-1]
+  return (diff @ bins[m + 1:]) / _row_sum(e)
 
 
 # --- categorical latents with unimix (spec 1.8) ------------------------------------
 
-def unimix_logits(logits, unimix: float):
-  """log(0.99 softmax(l) + 0.01 / C) (spec 1.8); identity when unimix = 0."""
+def unimix_probs(logits, unimix: float):
+  """0.99 softmax(l) + 0.01 / C (spec 1.8); plain softmax when unimix = 0."""
   logits = logits.astype(f32)
+  e = jnp.exp(logits - sg(jnp.max(logits, -1, keepdims=True)))
+  probs = e / _row_sum(e)[..., None]
   if not unimix:
-    return jax.nn.log_softmax(logits, -1)
-  probs = jax.nn.softmax(logits, -1)
-  probs = (1 - unimix) * probs + unimix / logits.shape[-1]
-  return jnp.log(probs)
+    return probs
+  return (1 - unimix) * probs + unimix / logits.shape[-1]
 
 
-def onehot_sample(logits, unimix: float, noise=None, key=None):
+def unimix_logits(logits, unimix: float):
+  """log(0.99 softmax(l) + 0.01 / C) (spec 1.8); log_softmax when unimix = 0."""
+  if not unimix:
+    return jax.nn.log_softmax(logits.astype(f32), -1)
+  return jnp.log(unimix_probs(logits, unimix))
+
+
+def onehot_sample(logits, unimix: float, noise=None, key=None,
+                  straight_through: bool = True):
   """Straight-through one-hot sample of OneHot(logits, unimix) (spec 1.8).
 
-  value = sg(one_hot(idx)) + p_mix - sg(p_mix). `noise` is Gumbel noise of
-  logits' shape (pre-drawn, e.g. for a whole scan) or drawn from `key`.
+  value = sg(one_hot(idx)) + p_mix - sg(p_mix). The index is drawn by inverse
+  CDF: idx = #{c : cdf_c <= u} for u ~ U[0, 1), one uniform per categorical
+  (C times fewer random numbers than Gumbel-max, which dominated the cost of
+  sampling; same distribution). `noise` is that uniform noise of shape
+  logits.shape[:-1] (pre-drawn, e.g. for a whole scan) or drawn from `key`.
+  straight_through=False returns the one-hot value alone, for samples no
+  gradient flows through (imagination runs on stop-gradient RSSM weights, 3.4).
   """
-  logp = unimix_logits(logits, unimix)
+  probs = unimix_probs(logits, unimix)
+  C = probs.shape[-1]
   if noise is None:
-    noise = jax.random.gumbel(key, logp.shape, f32)
-  idx = jnp.argmax(logp + noise, -1)
-  hard = jax.nn.one_hot(idx, logp.shape[-1], dtype=f32)
-  probs = jnp.exp(logp)
+    noise = jax.random.uniform(key, probs.shape[:-1], f32)
+  if noise.shape != probs.shape[:-1]:
+    raise ValueError(f'noise shape {noise.shape} != {probs.shape[:-1]}')
+  cdf = sg(probs) @ jnp.triu(jnp.ones((C, C), f32))             # cdf_c = sum_{j<=c} p_j
+  idx = _row_sum((cdf <= noise[..., None]).astype(f32)).astype(jnp.int32)
+  idx = jnp.minimum(idx, C - 1)                                   # u >= rounded cdf_{C-1}
+  hard = (jax.lax.broadcasted_iota(jnp.int32, probs.shape, probs.ndim - 1)
+          == idx[..., None]).astype(f32)
+  if not straight_through:
+    return hard
   return sg(hard) + probs - sg(probs)
+
+
+def _latent_sum(x):
+  """Sum over the last two axes (latents, classes) as one GEMV."""
+  return _row_sum(x.reshape(x.shape[:-2] + (-1,)))
 
 
 def onehot_kl(post_logits, prior_logits, unimix: float):
   """KL(post || prior) of unimixed categoricals, summed over latents (1.8)."""
   lp = unimix_logits(post_logits, unimix)
   lq = unimix_logits(prior_logits, unimix)
-  return jnp.sum(jnp.exp(lp) * (lp - lq), (-2, -1))
+  return _latent_sum(jnp.exp(lp) * (lp - lq))
 
 
 def onehot_entropy(logits, unimix: float):
   """Entropy summed over latents (spec 1.8)."""
   lp = unimix_logits(logits, unimix)
-  return -jnp.sum(jnp.exp(lp) * lp, (-2, -1))
+  return -_latent_sum(jnp.exp(lp) * lp)
 
 
 # --- Binary (spec 1.10) --------------------------------------------------------------

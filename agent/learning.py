@@ -87,9 +87,11 @@ def compute_losses(params, slow_params, retnorm, batch, key,
   for name, value in losses.items():
     chex.assert_shape(value, (B, T))
 
+  feat = nets_lib.feat(deter, stoch)               # [B, T, F], NOT sg (repval_grad)
+
   # --- imagination (spec 3.1-3.3), no gradient into the world model ----------
-  starts = rssm_lib.Latent(sg(deter).reshape(N, c.deter),
-                           sg(stoch).reshape(N, c.stoch, c.classes))
+  # Time-major from here on: states 0..H on the leading axis, N = B*T starts.
+  start_feat = sg(feat).reshape(N, c.feat_dim)
   def policy_fn(f, noise):
     # Policy weights NOT stop-gradiented: its raw outputs are reused by the
     # actor loss (log-prob of the stop-gradient action, entropy), spec 3.3, 3.11.
@@ -99,23 +101,29 @@ def compute_losses(params, slow_params, retnorm, batch, key,
   shape = (c.imag_horizon, N, nets.spaces.act_dim)
   policy_noise = (jax.random.gumbel(k_pol, shape) if nets.spaces.discrete
                   else jax.random.normal(k_pol, shape))
-  img_deter, img_stoch, img_act, pol_out = rssm_lib.imagine(
-      Wsg['dyn'], starts, policy_fn, policy_noise, k_img, c)
-  imgfeat = sg(nets_lib.feat(img_deter, img_stoch))              # [N, H+1, F]
+  feats, img_act, pol_out = rssm_lib.imagine(
+      Wsg['dyn'], start_feat, policy_fn, policy_noise, k_img, c)  # feats: states 1..H
+  # Heads run on the start features [N, F] and the imagined ones [H, N, F]
+  # separately, never on a concatenated or sliced copy of the big tensor.
   if c.start_from_data:
-    # OQ 6 (2411f7d): start-state reward and continuation from replayed data;
-    # the heads only run on the imagined states 1..H.
-    rew_hat = dists.twohot_pred(nets.reward_logits(Wsg, imgfeat[:, 1:]))
-    con_hat = dists.binary_prob(nets.cont_logit(Wsg, imgfeat[:, 1:]))
-    rew_hat = jnp.concatenate([reward.reshape(N, 1), rew_hat], 1)
-    con_hat = jnp.concatenate(
-        [1.0 - is_terminal.reshape(N, 1).astype(jnp.float32), con_hat], 1)
+    # OQ 6 (2411f7d): start-state reward and continuation from replayed data.
+    rew0 = reward.reshape(N).astype(jnp.float32)
+    con0 = 1.0 - is_terminal.reshape(N).astype(jnp.float32)
   else:                                                           # HEAD
-    rew_hat = dists.twohot_pred(nets.reward_logits(Wsg, imgfeat))
-    con_hat = dists.binary_prob(nets.cont_logit(Wsg, imgfeat))
+    rew0 = dists.twohot_pred(nets.reward_logits(Wsg, start_feat))
+    con0 = dists.binary_prob(nets.cont_logit(Wsg, start_feat))
+  rew_hat = jnp.concatenate(
+      [rew0[None], dists.twohot_pred(nets.reward_logits(Wsg, feats))], 0)  # [H+1, N]
+  con_hat = jnp.concatenate(
+      [con0[None], dists.binary_prob(nets.cont_logit(Wsg, feats))], 0)
   pi = nets.policy_dist(pol_out)                                  # states 0..H-1
-  val_logits = nets.value_logits(W['val'], imgfeat)
-  slow_pred = dists.twohot_pred(nets.value_logits(W_slow, imgfeat[:, :-1]))
+  val_logits = (nets.value_logits(W['val'], start_feat),          # state 0
+                nets.value_logits(W['val'], feats))               # states 1..H
+  # Slow critic at states 0..H-1; running it on all of `feats` and dropping
+  # state H's scalar is cheaper than slicing the [H, N, F] features.
+  slow_pred = jnp.concatenate(
+      [dists.twohot_pred(nets.value_logits(W_slow, start_feat))[None],
+       dists.twohot_pred(nets.value_logits(W_slow, feats))[:-1]], 0)   # [H, N]
   pol_loss, val_loss, ret, new_retnorm, ac_metrics = ac.imag_loss(
       act=img_act, rew_hat=rew_hat, con_hat=con_hat, pi=pi, val_logits=val_logits,
       slow_pred=slow_pred, retnorm=retnorm, config=c)
@@ -126,11 +134,10 @@ def compute_losses(params, slow_params, retnorm, batch, key,
     metrics['policy_std'] = pi.std.mean()
 
   # --- replay critic (Algorithm G) -------------------------------------------
-  feat = nets_lib.feat(deter, stoch)                              # NOT sg (repval_grad)
   rep_logits = nets.value_logits(W['val'], feat)
   rep_slow = dists.twohot_pred(nets.value_logits(W_slow, sg(feat)))
   losses['repval'], _ = ac.repl_loss(
-      val_logits=rep_logits, slow_pred=rep_slow, boot=ret[:, 0].reshape(B, T),
+      val_logits=rep_logits, slow_pred=rep_slow, boot=ret[0].reshape(B, T),
       reward=reward, is_last=is_last, is_terminal=is_terminal, config=c)
   chex.assert_shape(losses['repval'], (B, T - 1))
   metrics.update({f'loss/{k}': jnp.mean(v) for k, v in losses.items()})

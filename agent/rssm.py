@@ -14,7 +14,8 @@ Hoisting is exact algebra, not an approximation:
   * the dynhid0 BlockLinear input is concat(deter_k, x) per block k with the same
     embedding x in every block, so its output is the block-diagonal product on
     deter plus one dense product of x with the kernel's x-rows (no repeat).
-Sampling noise (Gumbel) for all steps is drawn before the scan.
+Sampling noise (one uniform per latent, inverse CDF) for all steps is drawn
+before the scan.
 """
 
 from __future__ import annotations
@@ -132,14 +133,28 @@ def prepare_core(W, config: DreamerConfig) -> dict:
   }
 
 
-def core(Wc, deter, stoch_flat, x2, config: DreamerConfig):
+def to_blocks(x, g: int):
+  """[B, D] -> block-major [g, B, D/g] (a transpose copy)."""
+  return jnp.swapaxes(x.reshape(x.shape[0], g, -1), 0, 1)
+
+
+def from_blocks(xk):
+  """Block-major [g, B, D/g] -> [B, D] (a transpose copy)."""
+  return jnp.swapaxes(xk, 0, 1).reshape(xk.shape[1], -1)
+
+
+def core_blocks(Wc, deter, dk, stoch_flat, x2, config: DreamerConfig):
   """Block-GRU step h_t = f(h_{t-1}, z_{t-1}, a_{t-1}) (Algorithm A, spec 2.4).
 
-  Wc = prepare_core(W). deter [B, D], stoch_flat [B, S*C], x2 [B, H] (the
-  action embedding). The block maths run in block-major layout [g, B, D/g]
-  (batched matmuls with the block axis leading), measured ~1.8x faster on
-  XLA:CPU than one '...ki,kio' einsum on [B, g, D/g]; tests/test_rssm.py checks
-  the result against Algorithm A written literally.
+  Wc = prepare_core(W). The previous state comes in both layouts: deter [B, D]
+  (read by dynin0) and dk = to_blocks(deter) [g, B, D/g] (read by the block
+  maths); stoch_flat [B, S*C], x2 [B, H] (the action embedding). Returns the
+  new state block-major [g, B, D/g].
+
+  The block maths run block-major (batched matmuls with the block axis
+  leading), measured ~1.8x faster on XLA:CPU than one '...ki,kio' einsum on
+  [B, g, D/g]. tests/test_rssm.py checks `core` against Algorithm A written
+  literally.
   """
   D, H, g = config.deter, config.hidden, config.blocks
   Dg = D // g
@@ -148,10 +163,8 @@ def core(Wc, deter, stoch_flat, x2, config: DreamerConfig):
   x0 = _embed(Wc['dynin0'], deter, eps)
   x1 = _embed(Wc['dynin1'], stoch_flat, eps)
   x = jnp.concatenate([x0, x1, x2.astype(dtype)], -1)            # [B, 3H]
-  dk = jnp.swapaxes(deter.reshape(-1, g, Dg), 0, 1)                # [g, B, Dg]
   hid_x = (x @ Wc['hid_x'] + Wc['dynhid0']['b'].astype(dtype))     # same x, every block
-  hid = _block_matmul(dk, Wc['hid_d'], Wc['hid_d_t']) + jnp.swapaxes(
-      hid_x.reshape(-1, g, Dg), 0, 1)
+  hid = _block_matmul(dk, Wc['hid_d'], Wc['hid_d_t']) + to_blocks(hid_x, g)
   # RMSNorm over the FULL deter vector (both block axes), f32 statistics.
   h32 = hid.astype(jnp.float32)
   ms = jnp.mean(h32 * h32, (0, 2), keepdims=True)
@@ -163,8 +176,13 @@ def core(Wc, deter, stoch_flat, x2, config: DreamerConfig):
   r = jax.nn.sigmoid(r)
   c = jnp.tanh(r * c)
   u = jax.nn.sigmoid(u - 1)
-  out = u * c + (1 - u) * dk
-  return jnp.swapaxes(out, 0, 1).reshape(-1, D).astype(dtype)
+  return (u * c + (1 - u) * dk).astype(dtype)
+
+
+def core(Wc, deter, stoch_flat, x2, config: DreamerConfig):
+  """`core_blocks` with the state in [B, D] layout on both sides (Algorithm A)."""
+  dk = to_blocks(deter, config.blocks)
+  return from_blocks(core_blocks(Wc, deter, dk, stoch_flat, x2, config))
 
 
 def token_projection(W, tokens, config: DreamerConfig):
@@ -218,7 +236,7 @@ def observe(W, start: Latent, tokens, prevact, is_first, key, config: DreamerCon
   dtype = config.jnp_compute_dtype
   x2 = embed_action(W, prevact, is_first, config)                  # [B, T, H]
   tok = token_projection(W, tokens.astype(dtype), config)          # [B, T, H]
-  noise = jax.random.gumbel(key, (T, B, config.stoch, config.classes), jnp.float32)
+  noise = jax.random.uniform(key, (T, B, config.stoch), jnp.float32)   # sampling noise
   xs = (jnp.swapaxes(tok, 0, 1), jnp.swapaxes(x2, 0, 1),
         jnp.swapaxes(is_first, 0, 1), noise)
   carry = Latent(sg(start.deter).astype(dtype),
@@ -238,54 +256,48 @@ def observe(W, start: Latent, tokens, prevact, is_first, key, config: DreamerCon
   return deter, stoch, logit
 
 
-def img_step(Wc, carry: Latent, action, noise, config: DreamerConfig):
-  """One imagination step (Algorithm C) given the action. Flat stoch carry."""
-  x2 = embed_action(Wc, action, jnp.zeros(action.shape[:-1], bool), config)
-  deter = core(Wc, carry.deter, carry.stoch, x2, config)
-  logit = prior_logits(Wc, deter, config)
-  sample = dists.onehot_sample(logit, config.unimix, noise=noise)
-  return Latent(deter, sample.reshape(sample.shape[:-2] + (-1,)).astype(deter.dtype))
-
-
-def imagine(W, start: Latent, policy_fn, policy_noise, key, config: DreamerConfig):
+def imagine(W, start_feat, policy_fn, policy_noise, key, config: DreamerConfig):
   """Imagination rollout (spec 2.8, 3.2, 3.3): H steps from each start state.
 
-  start: deter [N, D], stoch [N, S, C]; W are stop-gradient RSSM weights (no
-  gradient flows into the world model from imagination, spec 3.4).
-  policy_fn(feat [N, F], noise [N, A]) -> (action, outputs): it sees sg(carry) and
-  returns the sampled action and any per-state outputs (the policy head's raw
-  outputs, so the actor loss reuses this forward pass instead of running the
-  policy a second time on the same features with the same parameters, 3.3).
-  The action is stop-gradiented before it enters the core. policy_noise
-  [H, N, A] is the policy's sampling noise for every step, drawn before the
-  scan like the latents' Gumbel noise (no RNG inside the loop).
-  Returns deter [N, H+1, D], stoch [N, H+1, S, C] (index 0 = start), actions
-  [N, H, A] and outputs [N, H, ...] for states 0..H-1. The action at state H is
+  start_feat [N, F] = concat(deter, stoch_flat) of the start states (spec 2.1
+  feature layout, no gradient). W are stop-gradient RSSM weights: no gradient
+  flows into the world model from imagination (spec 3.4).
+  policy_fn(feat [N, F], noise [N, A]) -> (action, outputs) returns the sampled
+  action and the policy head's raw outputs, so the actor loss reuses this
+  forward pass instead of running the policy again on the same features
+  (3.3). The action is stop-gradiented before it enters the core (Algorithm C).
+  policy_noise [H, N, A] is the policy's sampling noise for every step, drawn
+  before the scan like the latents' sampling noise (no RNG inside the loop).
+
+  The scan carry is the feature vector itself (one array): the policy reads it
+  as is, the core reads its deter / stoch halves, and the stacked carries are
+  the features every head needs, with no re-concatenation afterwards. (Carrying
+  deter block-major as well, to skip the core's transposes, measured slower.)
+  Returns, time-major: feats [H, N, F] of imagined states 1..H, actions
+  [H, N, A] and outputs [H, N, ...] at states 0..H-1. The action at state H is
   never used by any loss (spec 3.2), so it is not sampled.
   """
-  N = start.deter.shape[0]
+  N = start_feat.shape[0]
+  D = config.deter
   horizon = policy_noise.shape[0]
   dtype = config.jnp_compute_dtype
-  noise = jax.random.gumbel(key, (horizon, N, config.stoch, config.classes),
-                            jnp.float32)
-  carry = Latent(sg(start.deter).astype(dtype),
-                 sg(start.stoch).reshape(N, -1).astype(dtype))
+  noise = jax.random.uniform(key, (horizon, N, config.stoch), jnp.float32)
   Wc = prepare_core(W, config)
+  no_first = jnp.zeros((N,), bool)
 
-  def step(carry, inp):
+  def step(feat, inp):
     pnoise_t, noise_t = inp
-    feat = jnp.concatenate([carry.deter, carry.stoch], -1)
-    action, outputs = policy_fn(sg(feat), pnoise_t)
-    action = sg(action)
-    new = img_step(Wc, carry, action, noise_t, config)
-    return new, (new.deter, new.stoch, action, outputs)
+    action, outputs = policy_fn(feat, pnoise_t)
+    x2 = embed_action(Wc, sg(action), no_first, config)
+    deter = core(Wc, feat[:, :D], feat[:, D:], x2, config)
+    logit = prior_logits(Wc, deter, config)
+    # One-hot value of the sample; no straight-through term, as nothing
+    # differentiates through imagined latents (sg weights, sg actions, 3.4).
+    z = dists.onehot_sample(logit, config.unimix, noise=noise_t, straight_through=False)
+    new = jnp.concatenate([deter, z.reshape(N, -1).astype(dtype)], -1)
+    return new, (new, sg(action), outputs)
 
-  _, (deter, stoch, actions, outputs) = jax.lax.scan(
-      step, carry, (policy_noise, noise), unroll=config.unroll_for(horizon))
-  deter = jnp.concatenate([carry.deter[None], deter], 0)
-  stoch = jnp.concatenate([carry.stoch[None], stoch], 0)
-  swap = lambda x: jnp.swapaxes(x, 0, 1)
-  deter, stoch, actions = swap(deter), swap(stoch), swap(actions)
-  outputs = jax.tree_util.tree_map(swap, outputs)
-  return (deter, stoch.reshape(N, horizon + 1, config.stoch, config.classes),
-          actions, outputs)
+  _, (feats, actions, outputs) = jax.lax.scan(
+      step, sg(start_feat).astype(dtype), (policy_noise, noise),
+      unroll=config.unroll_for(horizon))
+  return sg(feats), actions, outputs

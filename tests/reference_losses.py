@@ -86,7 +86,7 @@ def compute_losses(params, slow_params, retnorm, batch, key, nets):
   # Imagination (Algorithm C, spec 3.2-3.3): a plain loop over the horizon.
   pnoise = (jax.random.gumbel(k_pol, (H, N, nets.spaces.act_dim)) if nets.spaces.discrete
             else jax.random.normal(k_pol, (H, N, nets.spaces.act_dim)))
-  znoise = jax.random.gumbel(k_img, (H, N, c.stoch, c.classes), jnp.float32)
+  znoise = jax.random.uniform(k_img, (H, N, c.stoch), jnp.float32)
   d = sg(deter).reshape(N, c.deter)
   s = sg(stoch).reshape(N, c.stoch * c.classes)
   ds, ss, acts, outs = [d], [s], [], []

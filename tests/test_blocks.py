@@ -63,3 +63,26 @@ def test_concat_inputs_sorted_masked_symlog():
   np.testing.assert_allclose(out, [[1.0, 0.0, 0.0]], atol=1e-6)
   with pytest.raises(ValueError, match="'a'"):
     blocks.concat_inputs({'a': jnp.zeros((1, 3))}, {'a': (1,)})
+
+
+def test_rms_norm_values_and_gradients_match_plain_formula():
+  """spec 1.3: the matmul-statistics RMSNorm (custom VJP) equals
+  x * rsqrt(mean(x^2) + eps) * scale in value and in d/dx, d/dscale."""
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+  x = 3.0 * jax.random.normal(k1, (4, 5, 33))
+  scale = 1.0 + 0.1 * jax.random.normal(k2, (33,))
+  dy = jax.random.normal(k3, (4, 5, 33))
+
+  def plain(x, s):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-4) * s
+
+  np.testing.assert_allclose(blocks.rms_norm(x, scale), plain(x, scale), rtol=1e-5, atol=1e-6)
+  g_fast = jax.grad(lambda x, s: jnp.sum(blocks.rms_norm(x, s) * dy), (0, 1))(x, scale)
+  g_ref = jax.grad(lambda x, s: jnp.sum(plain(x, s) * dy), (0, 1))(x, scale)
+  for a, b in zip(g_fast, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  xb = x.astype(jnp.bfloat16)                      # bf16 in, f32 statistics, bf16 out
+  yb = blocks.rms_norm(xb, scale)
+  assert yb.dtype == jnp.bfloat16
+  np.testing.assert_allclose(yb.astype(jnp.float32), plain(xb.astype(jnp.float32), scale),
+                             rtol=1e-2, atol=1e-2)

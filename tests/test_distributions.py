@@ -83,3 +83,52 @@ def test_bounded_normal():
   np.testing.assert_allclose(d.log_prob(x), [ref], rtol=1e-5)
   np.testing.assert_allclose(d.entropy(), [2 * (0.5 * np.log(2 * np.pi * np.e * s * s))],
                              rtol=1e-5)
+
+
+def test_twohot_loss_and_gradient_match_dense_target():
+  """Algorithm D: the gather/custom-VJP two-hot loss equals -sum(target * log_softmax)
+  with an explicit two-hot target vector, in value and gradient, for one target
+  and for a scaled sum of two targets on the same logits (spec 3.16-3.17)."""
+  from tests import reference_losses as ref
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+  logits = 2.0 * jax.random.normal(k1, (6, 7, 255))
+  y1 = 30.0 * jax.random.normal(k2, (6, 7))
+  y2 = 1e9 * jnp.sign(jax.random.normal(k3, (6, 7)))        # out of range: edge bins
+  y1 = y1.at[0, 0].set(dists.symexp_bins()[100])             # an exact hit
+  dense = lambda l: ref.twohot_loss(l, y1) + 0.5 * ref.twohot_loss(l, y2)
+  fast = lambda l: dists.twohot_loss(l, (y1, y2), scales=(1.0, 0.5))
+  np.testing.assert_allclose(fast(logits), dense(logits), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dists.twohot_loss(logits, y1), ref.twohot_loss(logits, y1),
+                             rtol=1e-5, atol=1e-5)
+  w = jax.random.normal(k3, (6, 7))
+  g_fast = jax.grad(lambda l: jnp.sum(w * fast(l)))(logits)
+  g_ref = jax.grad(lambda l: jnp.sum(w * dense(l)))(logits)
+  np.testing.assert_allclose(g_fast, g_ref, rtol=1e-4, atol=1e-6)
+
+
+def test_twohot_pred_custom_bins():
+  """spec 1.9: with bins= the prediction is the expectation, uniform -> 0 for
+  symmetric bins."""
+  bins = jnp.array([-2.0, -0.5, 0.0, 0.5, 2.0])
+  logits = jnp.array([[0.1, 0.5, -1.0, 2.0, 0.3], [0.0] * 5])
+  expect = jnp.sum(jax.nn.softmax(logits, -1) * bins, -1)
+  pred = dists.twohot_pred(logits, bins=bins)
+  np.testing.assert_allclose(pred, expect, rtol=1e-6, atol=1e-7)
+  assert float(pred[1]) == 0.0
+
+
+def test_onehot_sample_frequencies_match_unimix_probs():
+  """spec 1.8: inverse-CDF samples are one-hot and follow 0.99 softmax + 0.01/C."""
+  logits = jnp.array([[2.0, 0.0, -1.0, 1.0], [-30.0, 30.0, 0.0, 0.0]])
+  p = np.asarray(dists.unimix_probs(logits, 0.01))
+  n = 200_000
+  s = dists.onehot_sample(jnp.broadcast_to(logits, (n, 2, 4)), 0.01,
+                          key=jax.random.PRNGKey(1), straight_through=False)
+  s = np.asarray(s)
+  assert set(np.unique(s)) <= {0.0, 1.0} and np.all(s.sum(-1) == 1.0)
+  freq = s.mean(0)
+  assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-5), (freq, p)
+  # u = 0 picks the first class with mass, u close to 1 the last.
+  edge = dists.onehot_sample(logits, 0.01, noise=jnp.array([0.0, 0.9999999]),
+                              straight_through=False)
+  np.testing.assert_array_equal(np.asarray(edge), [[1, 0, 0, 0], [0, 0, 0, 1]])
