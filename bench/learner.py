@@ -3,7 +3,7 @@
 Prints, for one size and dtype: compile seconds, median seconds per update over
 >= 10 updates after warm-up, FLOPs per update (XLA cost analysis), achieved
 GFLOP/s, this machine's measured f32 matmul GFLOP/s, peak memory, and the number
-of compilations (must be 1).
+of compilations (must be 1) and minor page faults per update (agent/memory.py).
 
   python bench/learner.py --size=size12m --dtype=float32 --updates=10
 """
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agent import config as config_lib
-from agent import learning, networks, synthetic
+from agent import learning, memory, networks, synthetic
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('size', 'size1m', 'Size preset.')
@@ -74,11 +74,13 @@ def main(_):
     state, metrics, outs = ts.update(state, batch)
   jax.block_until_ready(state)
   times = []
+  faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   for _ in range(FLAGS.updates):
     t = time.perf_counter()
     state, metrics, outs = ts.update(state, batch)
     jax.block_until_ready((state, metrics, outs))
     times.append(time.perf_counter() - t)
+  faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / len(times)
   med = statistics.median(times)
   peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   mm = matmul_gflops()
@@ -87,7 +89,8 @@ def main(_):
   print(f'flops_per_update={flops / 1e9:.1f} GFLOP (XLA cost analysis, scans unrolled)')
   print(f'achieved_gflops={flops / med / 1e9:.1f}  matmul_peak_gflops={mm:.1f}  '
         f'fraction_of_peak={flops / med / 1e9 / mm:.2f}')
-  print(f'peak_rss_mb={peak_mb:.0f}')
+  print(f'peak_rss_mb={peak_mb:.0f}  minor_page_faults_per_update={faults:.0f} '
+        f'(malloc tuned: {memory._applied}, agent/memory.py)')
   print(f'compilations={ts.update._cache_size()}  loss={float(metrics["loss/total"]):.3f}')
 
 
