@@ -89,8 +89,14 @@ def imag_loss(*, act, rew_hat, con_hat, pi, val_logits, slow_pred, retnorm: RetN
     return dists.twohot_loss(logits, (sg(ret_t), sg(slow_t)),
                              scales=(1.0, config.slowreg))
 
+  # States 1..H-1 are trained; state H gets a dummy target and is dropped from
+  # the [H, N] loss, so the [H, N, K] logits are never sliced (no copy, and no
+  # padded gradient) for one extra row of elementwise work.
+  pad = jnp.zeros_like(ret[:1])
+  loss_img = critic(logits_img, jnp.concatenate([ret[1:], pad], 0),
+                    jnp.concatenate([slow_pred[1:], pad], 0))
   val = w * jnp.concatenate([critic(logits0, ret[0], slow_pred[0])[None],
-                             critic(logits_img[:-1], ret[1:], slow_pred[1:])], 0)
+                             loss_img[:-1]], 0)
   metrics = {
       'ret_mean': ret.mean(), 'ret_scale': scale, 'ret_lo': retnorm.lo,
       'ret_hi': retnorm.hi, 'adv_mag': jnp.abs(adv).mean(),
