@@ -47,6 +47,6 @@ def tune_malloc() -> bool:
     return _applied
   mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
   ok = (mallopt(M_ARENA_MAX, 1) == 1 and mallopt(M_MMAP_MAX, 0) == 1 and
-        mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1) == 1)
+        mallopt(M_TRIM_THRESHOLD, -1) == 1)   # int -1 -> SIZE_MAX: never trim
   _applied = bool(ok)
   return _applied
