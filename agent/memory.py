@@ -6,7 +6,8 @@ arena and unmaps it on free, so every update touches ~80K fresh pages: measured
 80K minor page faults and 0.18 CPU-s of kernel time per size1m update (~15 % of
 its wall time on the 2-core dev machine). With one arena, no mmap for large
 blocks and no heap trimming, the block is reused from the heap: 0 page faults,
-size1m update 0.50 -> 0.41 s (bench/results/learner_cpu_2core.txt).
+kernel time 0.01 CPU-s, size1m update median 0.52 -> 0.44 s (back to back on
+that machine, before the later learner changes).
 
 `tune_malloc()` runs when `agent` is imported. It only affects arenas created
 afterwards, so import `agent` before anything makes jax compute (the XLA thread
