@@ -133,12 +133,12 @@ def prepare_core(W, config: DreamerConfig) -> dict:
   kernel = W['dynhid0']['w'].astype(dtype)
   hid_d = kernel[:, :Dg]
   gru = W['dyngru']['w'].astype(dtype)
+  hid_x = jnp.transpose(kernel[:, Dg:], (1, 0, 2)).reshape(3 * H, D)
   return {
       **W,
       'hid_d': hid_d, 'hid_d_t': jnp.swapaxes(hid_d, 1, 2),
-      'hid_x': jnp.transpose(kernel[:, Dg:], (1, 0, 2)).reshape(3 * H, D),
+      'hid_x': hid_x, 'hid_x_t': hid_x.T,
       'gru': gru, 'gru_t': jnp.swapaxes(gru, 1, 2),
-      'hid_x_t': jnp.transpose(kernel[:, Dg:], (1, 0, 2)).reshape(3 * H, D).T,
       'T': {'dynin0': W['dynin0']['w'].T, 'dynin1': W['dynin1']['w'].T,
             'obs0_h': W['obs0']['w'][:D].T, 'obslogit': W['obslogit']['w'].T},
   }
@@ -154,23 +154,20 @@ def from_blocks(xk):
   return jnp.swapaxes(xk, 0, 1).reshape(xk.shape[1], -1)
 
 
-def core_blocks(Wc, deter, dk, stoch_flat, x2, config: DreamerConfig):
+def core(Wc, deter, stoch_flat, x2, config: DreamerConfig):
   """Block-GRU step h_t = f(h_{t-1}, z_{t-1}, a_{t-1}) (Algorithm A, spec 2.4).
 
-  Wc = prepare_core(W). The previous state comes in both layouts: deter [B, D]
-  (read by dynin0) and dk = to_blocks(deter) [g, B, D/g] (read by the block
-  maths); stoch_flat [B, S*C], x2 [B, H] (the action embedding). Returns the
-  new state block-major [g, B, D/g].
-
-  The block maths run block-major (batched matmuls with the block axis
-  leading), measured ~1.8x faster on XLA:CPU than one '...ki,kio' einsum on
-  [B, g, D/g]. tests/test_rssm.py checks `core` against Algorithm A written
-  literally.
+  Wc = prepare_core(W). deter [B, D], stoch_flat [B, S*C], x2 [B, H] (the
+  action embedding). The block maths run in block-major layout [g, B, D/g]
+  (batched matmuls with the block axis leading), measured ~1.8x faster on
+  XLA:CPU than one '...ki,kio' einsum on [B, g, D/g]; tests/test_rssm.py checks
+  the result against Algorithm A written literally.
   """
   D, H, g = config.deter, config.hidden, config.blocks
   Dg = D // g
   eps = config.rms_eps
   dtype = deter.dtype
+  dk = to_blocks(deter, g)                                         # [g, B, Dg]
   x0 = _embed(Wc['dynin0'], deter, eps, Wc['T']['dynin0'])
   x1 = _embed(Wc['dynin1'], stoch_flat, eps, Wc['T']['dynin1'])
   x = jnp.concatenate([x0, x1, x2.astype(dtype)], -1)            # [B, 3H]
@@ -187,13 +184,7 @@ def core_blocks(Wc, deter, dk, stoch_flat, x2, config: DreamerConfig):
   r = _sigmoid(r)
   c = jnp.tanh(r * c)
   u = _sigmoid(u - 1)
-  return (u * c + (1 - u) * dk).astype(dtype)
-
-
-def core(Wc, deter, stoch_flat, x2, config: DreamerConfig):
-  """`core_blocks` with the state in [B, D] layout on both sides (Algorithm A)."""
-  dk = to_blocks(deter, config.blocks)
-  return from_blocks(core_blocks(Wc, deter, dk, stoch_flat, x2, config))
+  return from_blocks(u * c + (1 - u) * dk).astype(dtype)
 
 
 def token_projection(W, tokens, config: DreamerConfig):
@@ -283,8 +274,8 @@ def imagine(W, start_feat, policy_fn, policy_noise, key, config: DreamerConfig):
 
   The scan carry is the feature vector itself (one array): the policy reads it
   as is, the core reads its deter / stoch halves, and the stacked carries are
-  the features every head needs, with no re-concatenation afterwards. (Carrying
-  deter block-major as well, to skip the core's transposes, measured slower.)
+  the features every head needs, with no re-concatenation afterwards. (Also
+  carrying deter block-major, to skip the core's transposes, measured slower.)
   Returns, time-major: feats [H, N, F] of imagined states 1..H, actions
   [H, N, A] and outputs [H, N, ...] at states 0..H-1. The action at state H is
   never used by any loss (spec 3.2), so it is not sampled.
