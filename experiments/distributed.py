@@ -210,15 +210,6 @@ def _touch(path: str) -> None:
     pass
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-  tmp = f'{path}.tmp.{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
-
 def record_error(spec: ProgramSpec, node: str) -> None:
   """Writes the current exception's traceback to <launch_dir>/errors/<node>."""
   text = traceback.format_exc()
@@ -854,10 +845,10 @@ class LearnerNode:
     os.makedirs(tmp)
     rckpt.save_replay_state(tmp, reverb_path, adder=_FixedState(adder_state),
                             latent_store=self._store)
-    _atomic_write(os.path.join(tmp, train_lib.LEARNER_FILE),
-                  pickle.dumps(self._learner.save(),
-                               protocol=pickle.HIGHEST_PROTOCOL))
-    _atomic_write(os.path.join(tmp, train_lib.CONFIG_FILE), json.dumps({
+    rckpt.atomic_write(os.path.join(tmp, train_lib.LEARNER_FILE),
+                       pickle.dumps(self._learner.save(),
+                                    protocol=pickle.HIGHEST_PROTOCOL))
+    rckpt.atomic_write(os.path.join(tmp, train_lib.CONFIG_FILE), json.dumps({
         'config': dataclasses.asdict(c),
         'spaces': {'obs': {k: list(v) for k, v in spec.spaces.obs.items()},
                    'act_dim': spec.spaces.act_dim,
@@ -892,8 +883,8 @@ class LearnerNode:
         },
         'time': time.time(),
     }
-    _atomic_write(os.path.join(tmp, train_lib.RUN_STATE_FILE),
-                  json.dumps(state, indent=1, default=_json_default).encode())
+    rckpt.atomic_write(os.path.join(tmp, train_lib.RUN_STATE_FILE),
+                       json.dumps(state, indent=1, default=_json_default).encode())
     agent_steps = int(counts.get('actor_steps', 0))
     final = os.path.join(root, f'{train_lib.CKPT_PREFIX}{agent_steps:012d}')
     if os.path.exists(final):
@@ -1466,8 +1457,9 @@ class StepLimiter:
           functools.partial(self._evaluator.evaluate_final,
                             summary['env_steps']), stop.is_set)
     summary['stopped_by'] = 'step_limiter'
-    _atomic_write(os.path.join(spec.launch_dir, SUMMARY_FILE),
-                  json.dumps(summary, default=_json_default).encode())
+    from reverb_tables import checkpoint as rckpt
+    rckpt.atomic_write(os.path.join(spec.launch_dir, SUMMARY_FILE),
+                       json.dumps(summary, default=_json_default).encode())
     _log('[limiter] stopping the program')
     self._stopper()
 

@@ -82,10 +82,11 @@ def restore_server(tables: Sequence[reverb.Table], checkpoint_dir: str,
   return make_server(tables, port=port, checkpoint_dir=checkpoint_dir)
 
 
-def _atomic_write_text(path: str, text: str) -> None:
+def atomic_write(path: str, data) -> None:
+  """Writes bytes or text to `path` via a fsynced temp file and a rename."""
   tmp = f'{path}.tmp.{os.getpid()}'
-  with open(tmp, 'w') as f:
-    f.write(text)
+  with open(tmp, 'wb') as f:
+    f.write(data.encode() if isinstance(data, str) else data)
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
@@ -109,8 +110,7 @@ def save_replay_state(directory: str, reverb_checkpoint: Optional[str] = None,
       'schedule': schedule.get_state() if schedule is not None else None,
       'latent_store': latent_store is not None,
   }
-  _atomic_write_text(os.path.join(directory, _STATE_FILE),
-                     json.dumps(state, indent=1))
+  atomic_write(os.path.join(directory, _STATE_FILE), json.dumps(state, indent=1))
   return state
 
 
