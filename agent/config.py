@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-import numpy as np
+from reverb_tables import config as _replay_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,5 +219,9 @@ def make_config(**overrides) -> DreamerConfig:
 
 
 def latent_store_np_dtype(config: DreamerConfig):
-  """Numpy dtype for stored deter: uint16 bf16 bit patterns or float32."""
-  return np.uint16 if config.latent_store_dtype == 'bfloat16' else np.float32
+  """Numpy dtype for stored deter: uint16 bf16 bit patterns or float32.
+
+  Kept for existing callers; the logic lives in ``reverb_tables.config``
+  (numpy only, imports no TensorFlow or Reverb).
+  """
+  return _replay_config.latent_store_np_dtype(config)

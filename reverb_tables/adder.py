@@ -40,7 +40,7 @@ import numpy as np
 import reverb
 import tree
 
-from agent.config import DreamerConfig
+from reverb_tables.config import ReplayConfig
 from reverb_tables.packing import PACKED_KEY, StepLayout
 from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE
 
@@ -115,7 +115,8 @@ class WindowAdder:
 
   Args:
     client: a ``reverb.Client`` of the replay server.
-    config: DreamerConfig (seq_len, online_queue).
+    config: a ReplayConfig (or any object with its fields, e.g. DreamerConfig);
+      reads seq_len, online_queue, replay_capacity.
     num_workers: number of env workers (one stream each).
     step_spec: per-step spec (``agent.types.step_spec``); read from the
       ``uniform`` table signature when omitted.
@@ -126,7 +127,7 @@ class WindowAdder:
       ``default_max_in_flight_items(chunk_length)``.
   """
 
-  def __init__(self, client: reverb.Client, config: DreamerConfig,
+  def __init__(self, client: reverb.Client, config: ReplayConfig,
                num_workers: int, step_spec: Any = None, *,
                chunk_length: int = DEFAULT_CHUNK_LENGTH,
                max_in_flight_items: Optional[int] = None,
@@ -134,6 +135,7 @@ class WindowAdder:
                online_table: str = ONLINE_TABLE):
     if num_workers <= 0:
       raise ValueError(f'num_workers must be positive, got {num_workers}')
+    config = ReplayConfig.of(config)
     self._client = client
     self._config = config
     self._num_workers = int(num_workers)

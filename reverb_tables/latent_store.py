@@ -29,16 +29,24 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from agent.config import DreamerConfig, latent_store_np_dtype
+from reverb_tables.config import ReplayConfig, latent_store_np_dtype
 
 _MIN_ALLOC = 1024
 
 
 class LatentStore:
-  """Freshest packed latents per step id (spec 5.8, 5.9)."""
+  """Freshest packed latents per step id (spec 5.8, 5.9).
 
-  def __init__(self, config: DreamerConfig, num_workers: int,
+  Args:
+    config: a ReplayConfig (or any object with its fields, e.g. DreamerConfig);
+      reads replay_capacity, seq_len, deter, stoch, latent_store_dtype.
+    num_workers: number of env workers (one ring each).
+    per_worker_capacity: ring size; see the module doc for the default.
+  """
+
+  def __init__(self, config: ReplayConfig, num_workers: int,
                per_worker_capacity: Optional[int] = None):
+    config = ReplayConfig.of(config)
     if num_workers <= 0:
       raise ValueError(f'num_workers must be positive, got {num_workers}')
     self._num_workers = int(num_workers)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Mapping, Optional
 
-from agent.config import DreamerConfig
+from reverb_tables.config import ReplayConfig
 
 
 class Ratio:
@@ -62,10 +62,13 @@ class TrainSchedule:
 
   ``schedule(step, num_items)``: ``step`` is the agent-transition count summed
   over workers (including the transition just added), ``num_items`` the
-  replay size in items (e.g. ``WindowAdder.num_items``).
+  replay size in items (e.g. ``WindowAdder.num_items``). ``config`` is a
+  ReplayConfig (or any object with its fields, e.g. DreamerConfig); it reads
+  train_fill, train_ratio and batch_steps.
   """
 
-  def __init__(self, config: DreamerConfig):
+  def __init__(self, config: ReplayConfig):
+    config = ReplayConfig.of(config)
     self._fill = int(config.train_fill)
     self._ratio = Ratio(config.train_ratio / config.batch_steps)
     self.num_updates = 0

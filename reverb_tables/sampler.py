@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import reverb
 
-from agent.config import DreamerConfig
+from reverb_tables.config import ReplayConfig
 from reverb_tables.adder import step_layout_from_server
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.packing import StepLayout
@@ -65,18 +65,20 @@ class ReplaySampler:
 
   Args:
     client: ``reverb.Client`` of the replay server.
-    config: DreamerConfig (batch_size, seq_len, online_queue).
+    config: a ReplayConfig (or any object with its fields, e.g. DreamerConfig);
+      reads batch_size, seq_len, online_queue, seed.
     latent_store: optional LatentStore with write-back latents (spec 5.9).
     seed: unused for item selection (Reverb's Uniform selector is server-side
       and unseedable; module doc and docs/deviations.md "Replay").
     step_spec: per-step spec; read from the ``uniform`` signature if omitted.
   """
 
-  def __init__(self, client: reverb.Client, config: DreamerConfig,
+  def __init__(self, client: reverb.Client, config: ReplayConfig,
                latent_store: Optional[LatentStore] = None,
                seed: Optional[int] = None, step_spec: Any = None, *,
                uniform_table: str = UNIFORM_TABLE,
                online_table: str = ONLINE_TABLE):
+    config = ReplayConfig.of(config)
     self._client = client
     self._config = config
     self._store = latent_store

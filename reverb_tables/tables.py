@@ -39,7 +39,7 @@ import reverb
 import tensorflow as tf
 import tree
 
-from agent.config import DreamerConfig
+from reverb_tables.config import ReplayConfig
 from reverb_tables.packing import StepLayout
 
 UNIFORM_TABLE = 'uniform'
@@ -48,11 +48,13 @@ TABLE_NAMES = (UNIFORM_TABLE, ONLINE_TABLE)
 RATE_LIMITERS = ('min_size', 'ratio')
 
 
-def window_signature(step_spec, config: DreamerConfig):
+def window_signature(step_spec, config: ReplayConfig):
   """Per-step dm_env specs -> nested ``tf.TensorSpec`` of one item [65, ...].
 
   spec 5.1: an item is ``config.seq_len`` consecutive steps of one worker.
+  ``config``: a ReplayConfig or any object with its fields.
   """
+  config = ReplayConfig.of(config)
   length = config.seq_len
 
   def to_tensor_spec(path, spec):
@@ -63,17 +65,18 @@ def window_signature(step_spec, config: DreamerConfig):
   return tree.map_structure_with_path(to_tensor_spec, step_spec)
 
 
-def packed_window_signature(step_spec, config: DreamerConfig):
+def packed_window_signature(step_spec, config: ReplayConfig):
   """The stored table signature: ``{'step': uint8 [65, width]}``.
 
   The column name records the packing layout (``reverb_tables.packing``), so
   the nested step spec can be read back from the server
   (``reverb_tables.adder.step_spec_from_server``).
   """
+  config = ReplayConfig.of(config)
   return StepLayout.from_step_spec(step_spec).signature(config.seq_len)
 
 
-def online_queue_size(config: DreamerConfig) -> int:
+def online_queue_size(config: ReplayConfig) -> int:
   """Capacity of the online queue (spec 5.4 says unbounded).
 
   A Reverb queue blocks inserts when full, so the bound is set to the number of
@@ -82,21 +85,24 @@ def online_queue_size(config: DreamerConfig) -> int:
   up to B per update, so it can only fill if nothing trains for >= capacity
   transitions.
   """
+  config = ReplayConfig.of(config)
   return max(1, config.replay_capacity // config.seq_len)
 
 
-def ratio_error_buffer(config: DreamerConfig) -> float:
+def ratio_error_buffer(config: ReplayConfig) -> float:
   """SampleToInsertRatio tolerance: 4*B samples (spec 6.1 parallel script).
 
   Reverb requires the allowed range (2 * error_buffer) to be at least
   2 * max(1, samples_per_insert), so tiny test configs are widened to that.
   """
+  config = ReplayConfig.of(config)
   spi = config.train_ratio / config.batch_length
   return float(max(4 * config.batch_size, spi, 1.0))
 
 
-def make_rate_limiter(config: DreamerConfig, rate_limiter: str = 'min_size'):
+def make_rate_limiter(config: ReplayConfig, rate_limiter: str = 'min_size'):
   """The ``uniform`` table's rate limiter (spec 6.1, 6.2); see module doc."""
+  config = ReplayConfig.of(config)
   if rate_limiter == 'min_size':
     return reverb.rate_limiters.MinSize(1)
   if rate_limiter == 'ratio':
@@ -108,16 +114,18 @@ def make_rate_limiter(config: DreamerConfig, rate_limiter: str = 'min_size'):
       f'rate_limiter must be one of {RATE_LIMITERS}, got {rate_limiter!r}')
 
 
-def make_replay_tables(step_spec, config: DreamerConfig,
+def make_replay_tables(step_spec, config: ReplayConfig,
                        rate_limiter: str = 'min_size') -> List[reverb.Table]:
   """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5, 6.1).
 
   Args:
     step_spec: per-step dm_env specs, ``agent.types.step_spec(spaces, config)``.
-    config: the DreamerConfig (capacity, seq_len, batch sizes, train ratio).
+    config: a ReplayConfig (or any object with its fields, e.g. DreamerConfig)
+      (capacity, seq_len, batch sizes, train ratio).
     rate_limiter: 'min_size' (single-process synchronous loop, spec 6.1) or
       'ratio' (multi-process SampleToInsertRatio, spec 6.1 parallel script).
   """
+  config = ReplayConfig.of(config)
   if config.batch_size * config.seq_len > config.replay_capacity:
     # spec 5.1: "A capacity check asserts batch_size*length <= capacity".
     raise ValueError(
