@@ -7,12 +7,21 @@ Observations are the batched obs dicts of ``experiments.envs.VectorEnv``:
 'is_terminal': [N]}``; a ``dm_env.TimeStep`` whose ``observation`` is such a
 dict is accepted too.
 
-Per vector step (Algorithm K, spec 7.1):
+Per vector step (Algorithm K, spec 7.1), as ``acme.EnvironmentLoop`` drives
+it over ``experiments.env_loop.VectorEnvironment``:
 
   action = actor.select_action(obs)     # policy on obs_t: a_t, latents of obs_t
-  next_obs = envs.step(action, reset=obs['is_last'])
-  actor.observe(action, next_obs)       # stores step t for every env
+  timestep = env.step(action)           # auto-resets envs after is_last
+  actor.observe(action, timestep)       # stores step t for every env
   actor.update()                        # fetch fresh acting params
+
+* The loop-level episode ends (``timestep.last()``) when every env's obs is
+  is_last; the loop then never asks an action for that obs. Its step must
+  still be stored (spec 7.2: the is_last obs with a zero action), so the
+  actor keeps it and stores it at the next ``observe_first`` (the next loop
+  episode's start), after one policy call on it for its posterior latents:
+  the same policy calls, rng stream and stored data as a loop that asks an
+  action for every obs.
 
 * The recurrent carry (h, z, prevact) is reset by the obs' own ``is_first``
   inside the policy step (spec 2.2, 7.1): nothing else is needed at episode
@@ -121,6 +130,7 @@ class DreamerActor(core.Actor):
     self.on_add = on_add
     self._carry = policy.initial_carry(self._num_envs)
     self._staged: Optional[Dict[str, Any]] = None
+    self._pending_last = None
     self.num_policy_calls = 0
     self.timings = {'policy_s': 0.0, 'add_s': 0.0}
 
@@ -137,13 +147,21 @@ class DreamerActor(core.Actor):
     """Zero carry for every env (spec 2.2) and drop any staged step."""
     self._carry = self._policy.initial_carry(self._num_envs)
     self._staged = None
+    self._pending_last = None
 
   def observe_first(self, timestep) -> None:
-    """Starts new episodes in all envs: the carry restarts from zeros.
-
-    (The obs' is_first would reset it anyway inside the policy step.)"""
+    """Starts a loop episode: stores the previous one's last steps (module
+    doc), then the carry restarts from zeros (the obs' is_first would reset
+    it anyway inside the policy step)."""
     del timestep
+    self.store_pending_last()
     self.reset()
+
+  def store_pending_last(self) -> None:
+    """Stores the kept is_last obs of the loop episode that just ended."""
+    last, self._pending_last = self._pending_last, None
+    if last is not None and self._adder is not None:
+      self.observe(self.select_action(last), None)
 
   def select_action(self, observation) -> np.ndarray:
     """One policy call for all N envs; returns the raw actions [N, A] float32.
@@ -185,11 +203,13 @@ class DreamerActor(core.Actor):
     """Writes step t (obs_t, stored a_t, latents_t) of every env to the adder.
 
     ``action`` must be what ``select_action`` returned; ``next_timestep`` is
-    obs_{t+1} (it becomes step t+1 at the next select_action).
+    obs_{t+1} (it becomes step t+1 at the next select_action, or, when it
+    ends the loop episode, at the next ``observe_first``).
     """
-    del next_timestep
     if self._adder is None:
       return
+    if isinstance(next_timestep, dm_env.TimeStep) and next_timestep.last():
+      self._pending_last = next_timestep.observation
     if self._staged is None:
       raise RuntimeError('observe() called without a preceding select_action()')
     staged, self._staged = self._staged, None

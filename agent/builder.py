@@ -18,12 +18,14 @@ releases use.
   policy  = builder.make_policy(nets)                    # agent.acting (7.1)
   actor   = builder.make_actor(key2, policy, adder, variable_source=learner)
 
-In one process (the synchronous loop) the learner is the variable source and
-the actor refreshes its params before each policy call; in separate processes
-(a later Launchpad issue) the same methods take a remote client and a remote
-variable source. Rate limiting: ``rate_limiter='min_size'`` for the
-synchronous loop (the loop keeps the ratio, spec 6.1), ``'ratio'`` for
-separate processes (SampleToInsertRatio, spec 6.1 "parallel").
+In one process (``agent.local.DreamerAgent``) the learner is the variable
+source and the actor refreshes its params before each policy call; in
+separate processes (``experiments/distributed.py``) the same methods take a
+remote client and a remote variable source. Rate limiting: the uniform table's
+SampleToInsertRatio in both (``reverb_tables.tables``): ``'ratio_sync'`` for
+one process (a band that the exact spec 6.1 schedule never leaves),
+``'ratio'`` for separate processes (spec 6.1 "parallel"). The dataset
+iterator samples one batch ahead (spec 6.3b) unless ``prefetch=False``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from agent.actor import DreamerActor, make_policy_fn
 from agent.config import DreamerConfig
 from agent.learner import DreamerLearner, ReplayIterator
 from agent.types import EnvSpaces, step_spec
-from reverb_tables.adder import WindowAdder
+from reverb_tables.adder import DEFAULT_CHUNK_LENGTH, WindowAdder
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.sampler import ReplaySampler
 from reverb_tables.tables import make_replay_tables
@@ -56,16 +58,21 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     config: the DreamerConfig.
     spaces: the env's EnvSpaces.
     num_envs: env workers N (one adder stream and latent-store ring each).
-    rate_limiter: 'min_size' (synchronous loop) or 'ratio' (multi process).
+    rate_limiter: 'ratio_sync' (one process), 'ratio' (multi process) or
+      'min_size' (``reverb_tables.tables``).
     chunk_length: WindowAdder chunk length (docs/deviations.md "Replay");
       None = the adder's default.
+    prefetch: the dataset samples one batch ahead (spec 6.3b).
+    device_prefetch: put prefetched batches on the first jax device when it
+      is an accelerator.
     eval_policy: 'sample' (paper, spec 7.3) or 'mode' for evaluation actors.
     learner_logger_fn: factory of the learner's acme Logger (or None).
   """
 
   def __init__(self, config: DreamerConfig, spaces: EnvSpaces, *,
-               num_envs: int, rate_limiter: str = 'min_size',
+               num_envs: int, rate_limiter: str = 'ratio_sync',
                chunk_length: Optional[int] = None, eval_policy: str = 'sample',
+               prefetch: bool = True, device_prefetch: bool = True,
                learner_logger_fn=lambda: None, learner_log_every: int = 0):
     if num_envs < 1:
       raise ValueError(f'num_envs must be >= 1, got {num_envs}')
@@ -73,7 +80,9 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     self.spaces = spaces
     self.num_envs = int(num_envs)
     self._rate_limiter = rate_limiter
-    self._chunk_length = chunk_length
+    self.chunk_length = int(chunk_length or DEFAULT_CHUNK_LENGTH)
+    self._prefetch = prefetch
+    self._device_prefetch = device_prefetch
     self._eval_policy = eval_policy
     self._logger_fn = learner_logger_fn
     self._log_every = learner_log_every
@@ -97,22 +106,34 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   def make_replay_tables(self, environment_spec=None) -> List[reverb.Table]:
     """``uniform`` + ``online`` tables (spec 5.1, 5.4, 6.1)."""
     del environment_spec  # the step spec comes from (spaces, config)
-    return make_replay_tables(self.step_spec, self.config, self._rate_limiter)
+    return make_replay_tables(self.step_spec, self.config, self._rate_limiter,
+                              num_workers=self.num_envs,
+                              chunk_length=self.chunk_length)
 
-  def make_adder(self, replay_client: reverb.Client) -> WindowAdder:
-    """One stride-1 65-step window stream per env (spec 5.1-5.4)."""
-    kwargs = {}
-    if self._chunk_length:
-      kwargs['chunk_length'] = self._chunk_length
-    return WindowAdder(replay_client, self.config, self.num_envs,
-                       self.step_spec, **kwargs)
+  def make_adder(self, replay_client: reverb.Client, *,
+                 num_workers: Optional[int] = None,
+                 worker_offset: int = 0) -> WindowAdder:
+    """One stride-1 65-step window stream per env (spec 5.1-5.4): all N, or
+    the slice [worker_offset, worker_offset + num_workers) of an actor
+    process (step ids stay global)."""
+    return WindowAdder(replay_client, self.config, num_workers or self.num_envs,
+                       self.step_spec, chunk_length=self.chunk_length,
+                       worker_offset=worker_offset)
 
-  def make_dataset_iterator(self, replay_client: reverb.Client) -> ReplayIterator:
-    """Training batches (5.3) with write-back latents (5.8, 5.9)."""
+  def make_dataset_iterator(self, replay_client: reverb.Client, *,
+                            should_stop=lambda: False,
+                            on_wait=None) -> ReplayIterator:
+    """Training batches (5.3), one ahead (6.3b), with write-back latents
+    (5.8, 5.9) overlaid after the previous update's write-back."""
     store = LatentStore(self.config, self.num_envs)
-    sampler = ReplaySampler(replay_client, self.config, store,
+    sampler = ReplaySampler(replay_client, self.config, None,
                             seed=self.config.seed, step_spec=self.step_spec)
-    return ReplayIterator(sampler)
+    device = jax.devices()[0]
+    if not self._device_prefetch or device.platform == 'cpu':
+      device = None
+    return ReplayIterator(sampler, store, prefetch=self._prefetch,
+                          should_stop=should_stop, on_wait=on_wait,
+                          device=device)
 
   # -- learner / actor --------------------------------------------------------------
   def make_learner(self, random_key, networks: nets_lib.DreamerNetworks,

@@ -29,6 +29,8 @@ client), and the learner is the ``core.VariableSource`` of the actors.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -41,33 +43,139 @@ from acme.utils import counting
 from agent import acting
 from agent import learning
 from agent import networks as nets_lib
+from reverb_tables.sampler import overlay_latents
 
 VARIABLE_NAMES = ('policy', 'params')
 
 
-class ReplayIterator:
-  """Dataset iterator over a ``reverb_tables.sampler.ReplaySampler``.
+class StopRequested(Exception):
+  """The run is stopping (raised out of a blocked wait for a batch)."""
 
-  ``next()`` is ``sample_train()`` (spec 5.3); ``write_back`` forwards to the
-  sampler's LatentStore (spec 5.9). This is what
-  ``DreamerBuilder.make_dataset_iterator`` returns.
+
+class ReplayIterator:
+  """The learner's dataset: training batches one ahead (spec 5.3, 5.8, 6.3b).
+
+  A background thread calls ``sampler.sample_train()`` (a ``ReplaySampler``
+  without a latent store: online queue first, then uniform rows; Reverb's
+  rate limiter may block there). ``next()`` takes that batch, overlays the
+  freshest latents of ``latent_store`` (spec 5.8) in the caller's thread and
+  returns it; with ``prefetch`` the next batch is requested as soon as one is
+  handed out, so it is drawn while the update runs (amount 1, spec 6.3b).
+  Without ``prefetch`` it is requested inside ``next()``: the strict
+  synchronous order (sample after the previous write-back).
+
+  Write-back order (docs/deviations.md "Training loop"): the overlay happens
+  in ``next()``, after every earlier ``write_back``, so each update sees the
+  previous update's posteriors whichever mode; with prefetch only the choice
+  of items (and the online-queue pop) is made one update earlier.
+
+  Like ``acme.jax.utils.prefetch`` (which keeps buffer_size - 1 >= 1 batches
+  queued and a producer that cannot be stopped), but exactly one batch ahead,
+  with the overlay after the previous write-back and a wait that ends with
+  ``StopRequested`` once ``should_stop()`` is true; ``on_wait()`` runs about
+  every second while blocked (bookkeeping of a learner process). With
+  ``device`` (a jax device) the overlaid batch is put there (``step_id``
+  stays on the host for the write-back).
+
+  Timings: ``wait_s`` (caller blocked waiting for a batch) and ``sample_s``
+  (time inside ``sample_train``).
   """
 
-  def __init__(self, sampler):
+  def __init__(self, sampler, latent_store, *, prefetch: bool = True,
+               should_stop: Callable[[], bool] = lambda: False,
+               on_wait: Optional[Callable[[], None]] = None,
+               device=None, wait_slice: float = 0.05):
     self.sampler = sampler
+    self.latent_store = latent_store
+    self._prefetch = bool(prefetch)
+    self._should_stop = should_stop
+    self._on_wait = on_wait
+    self._device = device
+    self._slice = wait_slice
+    self._queue: queue.Queue = queue.Queue()
+    self._requests = threading.Semaphore(0)
+    self._pending = False
+    self._closed = False
+    self.wait_s = 0.0
+    self.sample_s = 0.0
+    self.batches = 0
+    self._wait_since: Optional[float] = None
+    self._thread = threading.Thread(target=self._work, name='replay-sampler',
+                                    daemon=True)
+    self._thread.start()
+
+  @property
+  def prefetch(self) -> bool:
+    return self._prefetch
+
+  @property
+  def idle_s(self) -> float:
+    """``wait_s`` including a wait still in progress."""
+    since = self._wait_since
+    return self.wait_s + (time.perf_counter() - since if since else 0.0)
 
   def __iter__(self):
     return self
 
+  def _request(self) -> None:
+    if not self._pending:
+      self._requests.release()
+      self._pending = True
+
+  def _work(self) -> None:
+    while True:
+      self._requests.acquire()
+      if self._closed:
+        return
+      t0 = time.perf_counter()
+      try:
+        batch = self.sampler.sample_train()
+      except Exception as e:  # noqa: BLE001  (handed to the caller)
+        self._queue.put(e)
+        return
+      self.sample_s += time.perf_counter() - t0
+      self._queue.put(batch)
+
   def __next__(self) -> Dict[str, Any]:
-    return self.sampler.sample_train()
+    self._request()
+    t0 = self._wait_since = time.perf_counter()
+    last_hook = t0
+    try:
+      while True:
+        try:
+          item = self._queue.get(timeout=self._slice)
+          break
+        except queue.Empty:
+          if self._should_stop():
+            raise StopRequested()
+          now = time.perf_counter()
+          if self._on_wait is not None and now - last_hook >= 1.0:
+            self._on_wait()
+            last_hook = now
+    finally:
+      self._wait_since = None
+      self.wait_s += time.perf_counter() - t0
+    if isinstance(item, Exception):
+      raise item
+    self._pending = False
+    if self._prefetch:
+      self._request()
+    self.batches += 1
+    batch = overlay_latents(item, self.latent_store)
+    if self._device is not None:
+      step_id = batch.pop('step_id')
+      batch = jax.device_put(batch, self._device)
+      batch['step_id'] = step_id
+    return batch
 
   def write_back(self, step_ids, latents) -> int:
-    return self.sampler.write_back(step_ids, latents)
+    """Stores fresh posteriors (spec 5.9) in the latent store."""
+    return self.latent_store.update(
+        np.asarray(step_ids), {k: np.asarray(v) for k, v in latents.items()})
 
-  @property
-  def latent_store(self):
-    return self.sampler.latent_store
+  def close(self) -> None:
+    self._closed = True
+    self._requests.release()
 
 
 class DreamerLearner(core.Learner):
@@ -149,7 +257,7 @@ class DreamerLearner(core.Learner):
     return out
 
   def _check(self, batch) -> None:
-    shapes = jax.tree_util.tree_map(lambda x: (np.shape(x), np.asarray(x).dtype),
+    shapes = jax.tree_util.tree_map(lambda x: (np.shape(x), np.dtype(x.dtype)),
                                     batch)
     if shapes != self._checked_shapes:
       learning.check_batch(batch, self._nets.spaces, self._config)

@@ -39,7 +39,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 import agent  # noqa: F401,E402  (jax compat before acme)
 
 DIST_FLAG_NAMES = ('num_actors', 'actor_update_period', 'lp_terminal',
-                   'stop_grace', 'learner_prefetch')
+                   'stop_grace')
 
 
 def define_distributed_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
@@ -57,8 +57,6 @@ def define_distributed_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                     'Where node output goes (Launchpad local_mp terminal).', **F)
   flags.DEFINE_float('stop_grace', 60.0, 'Seconds nodes wait for the learner\'s '
                      'final checkpoint after a stop signal.', **F)
-  flags.DEFINE_bool('learner_prefetch', True, 'Sample the next batch during '
-                    'the current update (spec 6.3b).', **F)
 
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
@@ -72,8 +70,7 @@ def dist_config_from_flags(fv: flags.FlagValues = flags.FLAGS):
   from experiments.distributed import DistributedConfig
   return DistributedConfig(
       num_actors=fv.num_actors, update_period=fv.actor_update_period,
-      terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace,
-      prefetch=fv.learner_prefetch)
+      terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace)
 
 
 def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
@@ -92,21 +89,6 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
 # --- launch -----------------------------------------------------------------------
 
 
-def _log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
-
-
-def _read_json(path: str) -> Any:
-  from experiments import train as train_lib  # lazy: imports acme
-  return train_lib._read_json(path)
-
-
-def _cut_file(path: str, size: int) -> int:
-  """Moves bytes past ``size`` to ``path.discarded`` (train.py's helper)."""
-  from experiments import train as train_lib
-  return train_lib._cut_file(path, size)
-
-
 def _last_train_row(path: str) -> Optional[Dict[str, Any]]:
   if not os.path.exists(path):
     return None
@@ -123,69 +105,49 @@ def _last_train_row(path: str) -> Optional[Dict[str, Any]]:
   return None
 
 
-def _fmt(x, spec='.1f'):
-  return '-' if x is None else format(x, spec)
-
-
-def progress_line(row: Optional[Dict[str, Any]], target: int) -> str:
+def progress_line(row: Optional[Dict[str, Any]], target: int, wall: float) -> str:
+  from experiments import rundir
   if not row:
     return f'[run] 0/{target} env steps (starting: replay fill / compilation)'
-  return (f'[run] {row["env_step"]}/{target} env steps | {row["updates"]} '
-          f'updates | {_fmt(row.get("fps/env_steps_per_s"))} env steps/s, '
-          f'{_fmt(row.get("fps/updates_per_s"), ".2f")} updates/s | replay '
-          f'ratio {_fmt(row.get("replay/ratio_window"))} (target '
-          f'{row.get("replay/ratio_target", 0):g}) | learner idle '
-          f'{_fmt(row.get("learner/idle_frac"), ".0%")} | param lag '
-          f'{_fmt(row.get("actor/param_lag_updates_mean"))} updates')
+
+  def fmt(key, spec='.1f'):
+    x = row.get(key)
+    return '-' if x is None else format(x, spec)
+
+  extra = (f' | replay ratio {fmt("replay/ratio_all_rows_window")} (target '
+           f'{row.get("replay/ratio_target", 0):g}) | learner idle '
+           f'{fmt("learner/idle_frac", ".0%")} | param lag '
+           f'{fmt("actor/param_lag_updates_mean")} updates')
+  score = row.get('episode/recent_score_mean')
+  return rundir.progress_line(row['env_step'], target, row['updates'],
+                              row.get('fps/env_steps_per_s') or 0.0, wall,
+                              [] if score is None else [score], extra)
 
 
 def prepare(run, config, dist):
   """Checks the logdir and the checkpoint to resume; returns a ProgramSpec,
   or a summary dict when the budget was already reached."""
   from experiments import envs as envs_lib
-  from experiments import train as train_lib
+  from experiments import rundir
   from experiments.distributed import MODE, ProgramSpec
-  train_lib.check_logdir_writable(run.logdir)
-  latest = train_lib.latest_run_checkpoint(run.logdir)
-  state = None
-  if latest is not None:
-    state = _read_json(os.path.join(latest, train_lib.RUN_STATE_FILE))
-    if state.get('mode') != MODE:
-      raise ValueError(
-          f'--logdir {run.logdir!r} holds a checkpoint of the single-process '
-          'run (experiments/run_dmc.py); resume it with that command or use a '
-          'new --logdir')
-    train_lib.check_resume_compatible(latest, run, config)
-  resumed = train_lib.clean_checkpoints(run.logdir)
-  assert resumed == latest, (resumed, latest)
-  for name, key in ((train_lib.METRICS_FILE, 'metrics_bytes'),
-                    (train_lib.SCORES_FILE, 'scores_bytes'),
-                    (os.path.join(train_lib.EVAL_DIR, train_lib.SCORES_FILE),
-                     'eval_scores_bytes')):
-    keep = state['files'][key] if state else 0
-    cut = _cut_file(os.path.join(run.logdir, name), keep)
-    if cut:
-      _log(f'[run] moved {cut} bytes of {name} written after the last '
-           f'checkpoint to {name}.discarded')
+  latest = rundir.validate(run, config, MODE)
+  state = rundir.prepare(run, latest)
+  rundir.start_segment(run, state)
   if state and state['counts'].get('env_steps', 0) >= run.env_steps:
     return {'checkpoint': latest, 'env_steps': state['counts']['env_steps'],
             'updates': state['learner']['updates'], 'already_done': True}
-  if run.flags_text:
-    with open(os.path.join(run.logdir, 'flags.txt'), 'w') as f:
-      f.write(run.flags_text)
   env = envs_lib.DMCEnv(run.task, run.action_repeat, seed=0,
                         time_limit=run.time_limit)
   spaces = env.spaces
   env.close()
-  launch_dir = tempfile.mkdtemp(prefix='dreamer-lp-')
   segment = state['segment'] + 1 if state else 0
   spec = ProgramSpec(run=run, config=config, dist=dist, spaces=spaces,
-                     launch_dir=launch_dir, segment=segment, resume=latest,
-                     run_state=state)
+                     launch_dir=tempfile.mkdtemp(prefix='dreamer-lp-'),
+                     segment=segment, resume=latest, run_state=state)
   if latest:
-    _log(f'[run] resuming from {latest} (segment {segment}, '
-         f'{state["counts"].get("env_steps", 0)} env steps, '
-         f'{state["learner"]["updates"]} updates)')
+    rundir.log(f'[run] resuming from {latest} (segment {segment}, '
+               f'{state["counts"].get("env_steps", 0)} env steps, '
+               f'{state["learner"]["updates"]} updates)')
   return spec
 
 
@@ -194,7 +156,8 @@ def launch(run, config, dist) -> Dict[str, Any]:
   summary. Raises RuntimeError when a node failed."""
   spec_or_done = prepare(run, config, dist)
   if isinstance(spec_or_done, dict):
-    _log(f'[run] {run.logdir} already reached {spec_or_done["env_steps"]} env '
+    from experiments import rundir
+    rundir.log(f'[run] {run.logdir} already reached {spec_or_done["env_steps"]} env '
          'steps; nothing to train')
     return spec_or_done
   spec = spec_or_done
@@ -209,8 +172,7 @@ def _launch(spec) -> Dict[str, Any]:
   import psutil
   from launchpad.launch.run_locally import launch_local_output_to_files
 
-  from experiments import distributed, lp_init
-  from experiments import train as train_lib
+  from experiments import distributed, lp_init, rundir
 
   run, dist = spec.run, spec.dist
   fv = flags.FLAGS
@@ -222,7 +184,7 @@ def _launch(spec) -> Dict[str, Any]:
   program = distributed.build_program(spec)
   init_file = lp_init.write_init_file(spec.launch_dir)
   resources = distributed.local_resources(spec, init_file, list(program.groups))
-  _log(f'[run] {run.task} size={spec.config.size} actors={dist.num_actors} x '
+  rundir.log(f'[run] {run.task} size={spec.config.size} actors={dist.num_actors} x '
        f'{spec.envs_per_actor} envs, train_ratio={spec.config.train_ratio:g}, '
        f'target {run.env_steps} env steps, logdir={run.logdir}'
        + (f', node logs in {log_dir}' if dist.terminal == 'output_to_files'
@@ -243,11 +205,12 @@ def _launch(spec) -> Dict[str, Any]:
 
   waiter = threading.Thread(target=wait, name='lp-wait', daemon=True)
   waiter.start()
-  metrics = os.path.join(run.logdir, train_lib.METRICS_FILE)
+  metrics = os.path.join(run.logdir, rundir.METRICS_FILE)
   while waiter.is_alive():
     waiter.join(run.progress_every)
     if waiter.is_alive() and run.verbose:
-      _log(progress_line(_last_train_row(metrics), run.env_steps))
+      rundir.log(progress_line(_last_train_row(metrics), run.env_steps,
+                               time.time() - t0))
   leftovers = []
   for proc in psutil.Process().children(recursive=True):
     try:
@@ -262,9 +225,10 @@ def _launch(spec) -> Dict[str, Any]:
       with open(os.path.join(errors_dir, name)) as f:
         errors[name] = f.read()
   summary_path = os.path.join(spec.launch_dir, distributed.SUMMARY_FILE)
-  summary = _read_json(summary_path) if os.path.exists(summary_path) else None
+  summary = (rundir.read_json(summary_path) if os.path.exists(summary_path)
+             else None)
   if leftovers:
-    _log(f'[run] killed processes left after the stop: {leftovers}')
+    rundir.log(f'[run] killed processes left after the stop: {leftovers}')
   if errors or 'error' in box:
     detail = '\n'.join(f'--- {k} ---\n{v}' for k, v in errors.items())
     raise RuntimeError(
@@ -272,23 +236,22 @@ def _launch(spec) -> Dict[str, Any]:
         f'{log_dir}\n{detail}')
   wall = time.time() - t0
   if summary is None:
-    ckpt = train_lib.latest_run_checkpoint(run.logdir)
-    _log(f'[run] stopped by a signal after {wall:.0f}s; last checkpoint '
+    ckpt = rundir.latest_run_checkpoint(run.logdir)
+    rundir.log(f'[run] stopped by a signal after {wall:.0f}s; last checkpoint '
          f'{ckpt or "none"}; rerun the same command to resume')
     return {'stopped_by': 'signal', 'checkpoint': ckpt, 'wall_s': wall,
             'leftover_processes': leftovers}
   summary['wall_s'] = wall
   summary['leftover_processes'] = leftovers
-  _log(f'[done] {summary["env_steps"]} env steps, {summary["updates"]} '
+  rundir.log(f'[done] {summary["env_steps"]} env steps, {summary["updates"]} '
        f'updates in {wall:.0f}s; checkpoint {summary["checkpoint"]}')
   if run.report:
     from experiments.report import make_report
     try:
-      table = make_report(run.logdir, os.path.join(run.logdir,
-                                                   train_lib.REPORT_FILE))
-      _log(table)
+      rundir.log(make_report(run.logdir, os.path.join(run.logdir,
+                                                      rundir.REPORT_FILE)))
     except (FileNotFoundError, ValueError) as e:
-      _log(f'[report] skipped: {e}')
+      rundir.log(f'[report] skipped: {e}')
   return summary
 
 

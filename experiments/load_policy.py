@@ -121,22 +121,23 @@ def load_policy(logdir: str, mode: str = 'sample', seed: int = 0,
   """
   from agent.config import make_config
   from agent.types import EnvSpaces
-  from experiments import train as train_lib
-  ckpt = checkpoint or train_lib.latest_run_checkpoint(logdir)
+  from experiments import rundir
+  ckpt = checkpoint or rundir.latest_run_checkpoint(logdir)
   if ckpt is None:
     raise FileNotFoundError(f'no checkpoint in {os.path.join(logdir, "checkpoints")}')
-  with open(os.path.join(ckpt, train_lib.CONFIG_FILE)) as f:
+  with open(os.path.join(ckpt, rundir.CONFIG_FILE)) as f:
     saved = json.load(f)
-  with open(os.path.join(ckpt, train_lib.RUN_STATE_FILE)) as f:
+  with open(os.path.join(ckpt, rundir.RUN_STATE_FILE)) as f:
     run_state = json.load(f)
   config = make_config(**saved['config'])
   sp = saved['spaces']
   spaces = EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
                      act_dim=sp['act_dim'], discrete=sp['discrete'])
-  with open(os.path.join(ckpt, train_lib.LEARNER_FILE), 'rb') as f:
+  with open(os.path.join(ckpt, rundir.LEARNER_FILE), 'rb') as f:
     state = pickle.load(f)
   task = saved['run'].get('task')
   return LoadedPolicy(state.params, spaces, config, mode=mode, seed=seed,
                       task=task, action_repeat=saved['run'].get('action_repeat'),
                       checkpoint=ckpt,
-                      env_steps=run_state['counters']['env_steps'])
+                      env_steps=(run_state.get('counters') or
+                                 run_state['counts'])['env_steps'])

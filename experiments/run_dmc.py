@@ -39,7 +39,8 @@ FLAG_NAMES = (
     'seed', 'logdir', 'compute_dtype', 'eval_every', 'eval_episodes',
     'eval_policy', 'checkpoint_every', 'log_every', 'progress_every',
     'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
-    'chunk_length', 'config_overrides', 'report', 'jax_cache_dir')
+    'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
+    'jax_cache_dir')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
@@ -87,6 +88,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_multi_string('config_overrides', [],
                             'Extra DreamerConfig fields as name=value '
                             '(e.g. lr=1e-4); see agent/config.py.', **F)
+  flags.DEFINE_bool('learner_prefetch', True, 'The learner samples its next '
+                    'batch during the current update (spec 6.3b); false keeps '
+                    'the strict synchronous order.', **F)
   flags.DEFINE_bool('report', True, 'Write report.png (experiments/report.py) '
                     'at the end.', **F)
   flags.DEFINE_string('jax_cache_dir', None,
@@ -120,7 +124,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('config_overrides', _overrides_ok,
     'entries must be name=value with a DreamerConfig field name (not one that '
-    'has its own flag) and a Python literal value')
+    'has its own flag) and a value of that field\'s type')
 
 
 def _task_ok(name) -> bool:
@@ -134,16 +138,58 @@ def _task_ok(name) -> bool:
   return True
 
 
+def _field_types():
+  """{DreamerConfig field: the Python type of its default} (None: Optional)."""
+  return {f.name: type(f.default) for f in dataclasses.fields(DreamerConfig)}
+
+
+def _typed(name: str, value, kind):
+  """``value`` as field ``name``'s type ``kind``; ValueError naming both."""
+  if kind is type(None):                 # Optional[int] fields (units_override)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+      return value
+    want = 'an integer or None'
+  elif kind is bool:
+    if isinstance(value, bool):
+      return value
+    want = 'a bool (True or False)'
+  elif kind is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+    want = 'an integer'
+  elif kind is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    want = 'a number'
+  elif kind is str:
+    if isinstance(value, str):
+      return value
+    want = 'a string'
+  elif kind is tuple:
+    if isinstance(value, (tuple, list)):
+      return tuple(value)
+    want = 'a tuple'
+  else:
+    return value
+  raise ValueError(f'--config_overrides: {name}={value!r} must be {want} '
+                   f'(DreamerConfig.{name} is {kind.__name__})')
+
+
 def parse_overrides(entries) -> dict:
-  """['lr=1e-4', 'online_queue=False'] -> {'lr': 1e-4, 'online_queue': False}."""
-  fields = {f.name for f in dataclasses.fields(DreamerConfig)}
+  """['lr=1e-4', 'online_queue=False'] -> {'lr': 1e-4, 'online_queue': False}.
+
+  Each value is checked against the DreamerConfig field's type before
+  anything is built or written (ValueError naming the field)."""
+  types = _field_types()
   out = {}
   for entry in entries or []:
     if '=' not in entry:
       raise ValueError(f'--config_overrides entry {entry!r} is not name=value')
     name, raw = entry.split('=', 1)
     name = name.strip()
-    if name not in fields:
+    if name not in types:
       raise ValueError(f'--config_overrides: unknown DreamerConfig field {name!r}')
     if name in CONFIG_FLAGS or name == 'train_fill':
       raise ValueError(f'--config_overrides: set {name!r} with --{name}')
@@ -151,7 +197,7 @@ def parse_overrides(entries) -> dict:
       value = ast.literal_eval(raw.strip())
     except (ValueError, SyntaxError):
       value = raw.strip()            # bare strings, e.g. latent_store_dtype=float32
-    out[name] = value
+    out[name] = _typed(name, value, types[name])
   return out
 
 
@@ -166,7 +212,7 @@ def _overrides_ok(entries) -> bool:
 def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
   """(RunConfig, DreamerConfig) from parsed flags; ValueError names the flag."""
   from agent.config import make_config
-  from experiments.train import RunConfig
+  from experiments.rundir import RunConfig
   kw = {name: fv[name].value for name in CONFIG_FLAGS}
   kw['train_fill'] = fv.train_fill or fv.batch_size * fv.batch_length
   kw.update(parse_overrides(fv.config_overrides))
@@ -187,13 +233,15 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
       eval_episodes=fv.eval_episodes, eval_policy=fv.eval_policy,
       checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
       progress_every=fv.progress_every, time_limit=fv.time_limit,
-      chunk_length=fv.chunk_length or None, report=fv.report, flags_text=text)
+      chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
+      report=fv.report, flags_text=text)
   return run, config
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  from experiments import rundir
   from experiments import train as train_lib
   try:
     run, config = configs_from_flags(flags.FLAGS)
@@ -203,11 +251,11 @@ def main(argv):
     return 2
   cache = flags.FLAGS.jax_cache_dir
   if cache != 'off':
-    train_lib.enable_compilation_cache(cache or os.path.join(run.logdir, 'jax_cache'))
+    rundir.enable_compilation_cache(cache or os.path.join(run.logdir, 'jax_cache'))
   try:
     summary = trainer.run()
   except ValueError as e:   # e.g. NonFiniteActionError; last checkpoint intact
-    last = train_lib.latest_run_checkpoint(run.logdir)
+    last = rundir.latest_run_checkpoint(run.logdir)
     print(f'error: {e}\nThe last checkpoint ({last or "none"}) is untouched.',
           file=sys.stderr)
     return 3

@@ -1,378 +1,53 @@
-"""The synchronous, resumable DreamerV3 training run (Algorithm K, spec 6.1-6.5, 7.1-7.5).
+"""The single-process, resumable DreamerV3 run (Algorithm K, spec 6.1-6.5, 7.1-7.5).
 
-`Trainer(run, config).run()` wires one process: N lock-stepped dm_control
-envs (experiments.envs.VectorEnv), an in-process Reverb server, and the Acme
-components of ``agent.builder.DreamerBuilder`` (WindowAdder, ReplaySampler +
-LatentStore, DreamerLearner, DreamerActor). Per vector step:
+``Trainer(run, config).run()`` wires one process from Acme parts:
 
-  action = actor.select_action(obs)            # one jitted policy call (7.1)
-  next_obs = envs.step(action, reset=obs.is_last)
-  actor.observe(action, next_obs)              # for w in 0..N-1:
-                                               #   step += 1; replay.add(w, step_t[w])
-                                               #   for _ in range(schedule(step, items)):
-                                               #     learner.step()   # Algorithm J + write-back
-  actor.update(wait=True)                      # current params for the next call
+  env    = VectorEnvironment(VectorEnv(task, N))      # dm_env over N envs
+  server = Reverb server: DreamerBuilder's uniform + online tables, the
+           uniform one rate-limited by SampleToInsertRatio ('ratio_sync')
+  agent  = DreamerAgent(actor, learner, TrainSchedule)  # acme.agents.agent.Agent
+  loop   = VectorEnvironmentLoop(env, agent, counter, observers=[episodes])
+  loop.run()                                          # acme.EnvironmentLoop
 
-i.e. Algorithm K with the train schedule asked after every single transition
-(spec 6.1) and the synchronous simplification of spec 6.3 (act with current
-params, sample after the write-back): docs/deviations.md "Training loop".
+Per vector step the loop asks the actor for N actions (one jitted policy
+call), steps the envs and hands the timestep to ``agent.observe``: the actor
+adds the N steps one env at a time and after each one the agent runs the
+spec 6.1 schedule (learner steps with latent write-back); ``agent.update()``
+then gives the actor the current params. The learner's dataset samples one
+batch ahead (spec 6.3b; ``--nolearner_prefetch`` keeps the strict order):
+docs/deviations.md "Training loop".
 
-Run directory (``run.logdir``; names documented in docs/metrics.md):
-  flags.txt          the flags of the latest start (usable as --flagfile)
-  metrics.jsonl      one JSON row per log interval ('kind': 'train') or eval
-                     ('kind': 'eval')
-  scores.jsonl       one row per finished training episode (report input)
-  eval/scores.jsonl  one row per evaluation episode
-  tensorboard/       TensorBoard event files (same scalars as metrics.jsonl)
-  checkpoints/       ckpt-<agent steps>/ (learner, replay state, counters) and
-                     reverb/<timestamp>/ (the Reverb checkpoint it references)
-  report.png         experiments/report.py output at the end of the run
+Between vector steps the loop polls ``Trainer._tick``: metrics rows, evals,
+checkpoints, the progress line and the stop conditions (the step budget, a
+SIGINT/SIGTERM). The run directory (layout, atomic checkpoints, resume checks,
+metric writer) is ``experiments.rundir``, shared with the Launchpad layout.
 
 Resume: a start whose logdir holds a complete checkpoint continues from it
-(learner TrainingState, latent store, Reverb tables, adder counters, train
-schedule, counters, policy rng, eval schedule). Envs restart their episodes
-(open episodes at the checkpoint are dropped; env seeds move to a new segment
-so episodes are not replayed). Log lines written after the checkpoint are
-moved to ``<file>.discarded`` so the curves stay consistent.
-
-Checkpoints are atomic: everything is written into ``checkpoints/.tmp-*`` and
-renamed to ``ckpt-*``; a Reverb checkpoint is only deleted after a newer
-``ckpt-*`` referencing another one exists, and at start-up any Reverb
-checkpoint not referenced by the newest ``ckpt-*`` is deleted before the
-server loads (so a kill mid-save falls back to the previous checkpoint).
+(learner TrainingState, latent store, Reverb tables and limiter, adder
+counters, train schedule, counters, policy rng, eval schedule). Envs restart
+their episodes (open episodes at the checkpoint are dropped; env seeds move to
+a new segment so episodes are not replayed).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
-import pickle
-import shutil
 import signal
-import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 import agent  # noqa: F401  (jax compat before acme)
 from agent.config import DreamerConfig
+from experiments import rundir
+from experiments.rundir import RunConfig  # noqa: F401  (re-exported)
 
-CKPT_PREFIX = 'ckpt-'
-TMP_PREFIX = '.tmp-'
-REVERB_DIR = 'reverb'
-LEARNER_FILE = 'learner.pkl'
-RUN_STATE_FILE = 'run_state.json'
-CONFIG_FILE = 'config.json'
-METRICS_FILE = 'metrics.jsonl'
-SCORES_FILE = 'scores.jsonl'
-EVAL_DIR = 'eval'
-TB_DIR = 'tensorboard'
-REPORT_FILE = 'report.png'
-# Segment r of a run seeds its training envs with seed + SEGMENT_SEED_STRIDE*r
-# (VectorEnv then uses that * 1000 + i); eval envs add EVAL_SEED_OFFSET.
-SEGMENT_SEED_STRIDE = 7919
-EVAL_SEED_OFFSET = 1_000_003
-# Run settings that must not change on resume (besides every DreamerConfig field).
-RESUME_FIXED = ('task', 'num_envs', 'action_repeat', 'time_limit', 'chunk_length')
-
-
-@dataclasses.dataclass
-class RunConfig:
-  """Loop settings (the DreamerConfig holds the agent's).
-
-  checkpoint_every is in seconds of wall time (a restart loses at most that
-  much work); eval_every and log_every are in env steps (agent steps x
-  action_repeat, the spec 7.5 x-axis); progress_every in seconds.
-  """
-  task: str
-  logdir: str
-  env_steps: int
-  num_envs: int = 16
-  action_repeat: int = 2
-  eval_every: int = 0
-  eval_episodes: int = 0
-  eval_policy: str = 'sample'
-  checkpoint_every: float = 600.0
-  log_every: int = 10_000
-  progress_every: float = 10.0
-  time_limit: Optional[float] = None
-  chunk_length: Optional[int] = None      # None: the WindowAdder default
-  report: bool = True
-  flags_text: str = ''
-  verbose: bool = True
-
-
-# --- checkpoint directory helpers ------------------------------------------------
-
-
-def checkpoint_root(logdir: str) -> str:
-  return os.path.join(logdir, 'checkpoints')
-
-
-def list_run_checkpoints(logdir: str) -> List[str]:
-  """Complete ckpt-* directories, oldest first."""
-  root = checkpoint_root(logdir)
-  if not os.path.isdir(root):
-    return []
-  names = sorted(n for n in os.listdir(root) if n.startswith(CKPT_PREFIX))
-  out = []
-  for n in names:
-    path = os.path.join(root, n)
-    if os.path.isfile(os.path.join(path, RUN_STATE_FILE)):
-      out.append(path)
-  return out
-
-
-def latest_run_checkpoint(logdir: str) -> Optional[str]:
-  paths = list_run_checkpoints(logdir)
-  return paths[-1] if paths else None
-
-
-def _read_json(path: str) -> Any:
-  with open(path) as f:
-    return json.load(f)
-
-
-def _fsync_dir(path: str) -> None:
-  try:
-    fd = os.open(path, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
-
-
-def _write_file(path: str, data: bytes) -> None:
-  with open(path, 'wb') as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def clean_checkpoints(logdir: str) -> Optional[str]:
-  """Makes the checkpoint folder consistent before the Reverb server starts.
-
-  Keeps the newest complete ckpt-* and the Reverb checkpoint it references;
-  deletes unfinished saves (.tmp-*), older ckpt-* and every other Reverb
-  checkpoint (e.g. one written by a save that was killed before its rename).
-  Returns the kept ckpt-* path or None (then no Reverb checkpoint is left).
-  Raises ValueError if the newest ckpt-* references a missing Reverb checkpoint.
-  """
-  root = checkpoint_root(logdir)
-  if not os.path.isdir(root):
-    return None
-  latest = latest_run_checkpoint(logdir)
-  keep_reverb = None
-  if latest is not None:
-    state = _read_json(os.path.join(latest, 'replay_state.json'))
-    keep_reverb = state['reverb_checkpoint']
-    ref = os.path.join(root, REVERB_DIR, keep_reverb or '')
-    if not keep_reverb or not os.path.isfile(os.path.join(ref, 'DONE')):
-      raise ValueError(
-          f'checkpoint {latest} references Reverb checkpoint {ref}, which is '
-          'missing or incomplete; the run directory is corrupted')
-  for name in os.listdir(root):
-    path = os.path.join(root, name)
-    if name.startswith(TMP_PREFIX) or (
-        name.startswith(CKPT_PREFIX) and path != latest):
-      shutil.rmtree(path, ignore_errors=True)
-  reverb_root = os.path.join(root, REVERB_DIR)
-  if os.path.isdir(reverb_root):
-    for name in os.listdir(reverb_root):
-      if name != keep_reverb:
-        p = os.path.join(reverb_root, name)
-        if os.path.isdir(p):
-          shutil.rmtree(p, ignore_errors=True)
-        else:
-          os.remove(p)
-  return latest
-
-
-def check_logdir_writable(logdir: str) -> None:
-  """ValueError naming --logdir when it cannot be created or written."""
-  try:
-    os.makedirs(logdir, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f'--logdir {logdir!r} cannot be created: {e}') from e
-  if not os.path.isdir(logdir):
-    raise ValueError(f'--logdir {logdir!r} is not a directory')
-  probe = os.path.join(logdir, f'.write-test-{os.getpid()}')
-  try:
-    with open(probe, 'w') as f:
-      f.write('ok')
-    os.remove(probe)
-  except OSError as e:
-    raise ValueError(f'--logdir {logdir!r} is not writable: {e}') from e
-  for sub in ('checkpoints', EVAL_DIR, TB_DIR):
-    path = os.path.join(logdir, sub)
-    if os.path.exists(path) and not os.access(path, os.W_OK | os.X_OK):
-      raise ValueError(f'--logdir {logdir!r}: {path} is not writable')
-
-
-def saved_run_settings(ckpt: str) -> Dict[str, Any]:
-  return _read_json(os.path.join(ckpt, CONFIG_FILE))
-
-
-def check_single_process_checkpoint(ckpt: str, logdir: str) -> None:
-  """ValueError if `ckpt` was written by a distributed (Launchpad) run."""
-  state_path = os.path.join(ckpt, RUN_STATE_FILE)
-  mode = _read_json(state_path).get('mode') if os.path.exists(state_path) else None
-  if mode not in (None, 'single_process'):
-    raise ValueError(
-        f'--logdir {logdir!r} holds a {mode} run (checkpoint {ckpt}); resume it '
-        'with --distributed, or use a new --logdir for a single-process run.')
-
-
-def check_resume_compatible(ckpt: str, run: RunConfig,
-                            config: DreamerConfig) -> None:
-  """ValueError listing every flag that differs from the checkpointed run."""
-  saved = saved_run_settings(ckpt)
-  diffs = []
-  for k, v in dataclasses.asdict(config).items():
-    if k in saved['config'] and saved['config'][k] != v:
-      diffs.append(f'{k}: saved {saved["config"][k]!r}, given {v!r}')
-  for k in RESUME_FIXED:
-    if saved['run'].get(k) != getattr(run, k):
-      diffs.append(f'--{k}: saved {saved["run"].get(k)!r}, given {getattr(run, k)!r}')
-  if diffs:
-    raise ValueError(
-        f'--logdir {run.logdir!r} holds a run with other settings; resume with '
-        'the same flags (see its flags.txt) or use a new --logdir. Differences: '
-        + '; '.join(diffs))
-
-
-def run_eval_episodes(actor, envs, n: int, envs_lib, should_stop=None):
-  """One episode per eval env with `actor` (spec 7.3); returns (scores, lengths).
-
-  `should_stop()` is polled every vector step (distributed runs); the
-  exception it raises, if any, propagates.
-  """
-  obs = envs.reset()
-  actor.observe_first(obs)
-  tracker = envs_lib.EpisodeTracker(n)
-  tracker.update(obs)
-  scores = np.full(n, np.nan)
-  lengths = np.zeros(n, np.int64)
-  while np.isnan(scores).any():
-    if should_stop is not None:
-      should_stop()
-    action = actor.select_action(obs)
-    obs = envs.step(action, reset=obs['is_last'])
-    for ep in tracker.update(obs):
-      if np.isnan(scores[ep.env_index]):
-        scores[ep.env_index] = ep.score
-        lengths[ep.env_index] = ep.length
-  return scores, lengths
-
-
-def eval_metrics(scores, lengths, mode: str, seconds: float) -> Dict[str, Any]:
-  """The `eval/...` metric names of docs/metrics.md."""
-  return {'eval/policy': mode, 'eval/episodes': len(scores),
-          'eval/score_mean': float(np.mean(scores)),
-          'eval/score_std': float(np.std(scores)),
-          'eval/score_min': float(np.min(scores)),
-          'eval/score_max': float(np.max(scores)),
-          'eval/length_mean': float(np.mean(lengths)),
-          'eval/seconds': seconds}
-
-
-# --- logging ------------------------------------------------------------------------
-
-
-class RunLogger:
-  """metrics.jsonl + TensorBoard scalars; an acme ``loggers.Logger``-like API."""
-
-  def __init__(self, logdir: str, tensorboard: bool = True):
-    self._path = os.path.join(logdir, METRICS_FILE)
-    self._file = open(self._path, 'a')
-    self._tb = None
-    if tensorboard:
-      import tensorflow as tf
-      self._tf = tf
-      self._tb = tf.summary.create_file_writer(os.path.join(logdir, TB_DIR))
-
-  def write(self, row: Dict[str, Any]) -> None:
-    clean = {k: _jsonable(v) for k, v in row.items()}
-    self._file.write(json.dumps(clean) + '\n')
-    self._file.flush()
-    if self._tb is not None:
-      step = int(row.get('env_step', 0))
-      prefix = 'eval/' if row.get('kind') == 'eval' else ''
-      with self._tb.as_default():
-        for k, v in clean.items():
-          if k in ('env_step', 'kind') or not isinstance(v, (int, float)) or (
-              isinstance(v, bool)):
-            continue
-          name = k if (k.startswith('eval/') or not prefix) else prefix + k
-          self._tf.summary.scalar(name, v, step=step)
-      self._tb.flush()
-
-  def close(self) -> None:
-    self._file.close()
-    if self._tb is not None:
-      self._tb.close()
-
-
-def _jsonable(v):
-  if isinstance(v, (np.floating, np.integer)):
-    v = v.item()
-  if isinstance(v, float) and not math.isfinite(v):
-    return None
-  return v
-
-
-def _file_size(path: str) -> int:
-  return os.path.getsize(path) if os.path.exists(path) else 0
-
-
-def _cut_file(path: str, size: int) -> int:
-  """Moves bytes past ``size`` of ``path`` to ``path.discarded``; returns them."""
-  if not os.path.exists(path):
-    return 0
-  total = os.path.getsize(path)
-  if total <= size:
-    return 0
-  with open(path, 'rb') as f:
-    f.seek(size)
-    tail = f.read()
-  with open(path + '.discarded', 'ab') as f:
-    f.write(tail)
-  with open(path, 'r+b') as f:
-    f.truncate(size)
-  return total - size
-
-
-def _fmt_steps(x: float) -> str:
-  if x >= 1e6:
-    return f'{x / 1e6:.2f}M'
-  if x >= 1e3:
-    return f'{x / 1e3:.1f}K'
-  return f'{int(x)}'
-
-
-def _fmt_secs(s: float) -> str:
-  if not math.isfinite(s):
-    return '?'
-  s = int(s)
-  if s >= 3600:
-    return f'{s // 3600}h{(s % 3600) // 60:02d}m'
-  if s >= 60:
-    return f'{s // 60}m{s % 60:02d}s'
-  return f'{s}s'
-
-
-# --- the trainer ----------------------------------------------------------------------
+MODE = 'single_process'
 
 
 class Trainer:
-  """One synchronous DreamerV3 run (see module doc).
+  """One single-process DreamerV3 run (see module doc).
 
   ``Trainer(run, config)`` only validates (flags, --logdir, resume
   compatibility) and touches nothing; ``run()`` builds, trains to
@@ -381,238 +56,177 @@ class Trainer:
   """
 
   def __init__(self, run: RunConfig, config: DreamerConfig):
-    if run.env_steps <= 0:
-      raise ValueError(f'--env_steps must be positive, got {run.env_steps}')
-    if run.num_envs < 1:
-      raise ValueError(f'--num_envs must be >= 1, got {run.num_envs}')
-    if run.eval_policy not in ('sample', 'mode'):
-      raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "
-                       f'{run.eval_policy!r}')
     self.run_config = run
     self.config = config
     self.logdir = run.logdir
-    # Validate everything before touching the run directory.
-    check_logdir_writable(self.logdir)
-    self._resume_from = latest_run_checkpoint(self.logdir)
-    if self._resume_from is not None:
-      check_single_process_checkpoint(self._resume_from, run.logdir)
-      check_resume_compatible(self._resume_from, run, config)
+    self._resume_from = rundir.validate(run, config, MODE)
     self._closed = False
     self._stop_signal = None
     self._built = False
 
-  # -- construction --------------------------------------------------------------
   def _log(self, msg: str) -> None:
     if self.run_config.verbose:
-      print(msg, file=sys.stderr, flush=True)
+      rundir.log(msg)
 
+  # -- construction --------------------------------------------------------------
   def _build(self) -> None:
     from acme.utils import counting
 
     from agent.builder import DreamerBuilder, seed_keys
+    from agent.local import DreamerAgent
+    from experiments import env_loop
     from experiments import envs as envs_lib
     from reverb_tables import checkpoint as rckpt
+    from reverb_tables import tables as tables_lib
     from reverb_tables.ratio import TrainSchedule
-    from reverb_tables.tables import make_server
 
     run, c = self.run_config, self.config
-    self._rckpt = rckpt
-    self._envs_lib = envs_lib
-    resumed = clean_checkpoints(self.logdir)   # only unreferenced / partial saves
-    assert resumed == self._resume_from, (resumed, self._resume_from)
-    run_state = (_read_json(os.path.join(resumed, RUN_STATE_FILE))
-                 if resumed else None)
-    self.segment = (run_state['segment'] + 1) if run_state else 0
+    state = rundir.prepare(run, self._resume_from)
+    self.segment = state['segment'] + 1 if state else 0
+    self._envs_lib, self._env_loop = envs_lib, env_loop
+    self.env = env_loop.VectorEnvironment(envs_lib.VectorEnv(
+        run.task, run.num_envs, run.action_repeat,
+        seed=run.env_seed(c.seed, self.segment), time_limit=run.time_limit))
+    self.spaces = self.env.spaces
+    self.eval_env = self.eval_actor = None
 
-    # Environments (spec 7.5); seeds move with the segment (docstring).
-    seed = c.seed + SEGMENT_SEED_STRIDE * self.segment
-    self.envs = envs_lib.VectorEnv(run.task, run.num_envs, run.action_repeat,
-                                   seed=seed, time_limit=run.time_limit)
-    self.spaces = self.envs.spaces
-    self.eval_envs = None
-
-    # Replay server (loads the kept Reverb checkpoint, if any).
     self.builder = DreamerBuilder(c, self.spaces, num_envs=run.num_envs,
+                                  rate_limiter='ratio_sync',
                                   chunk_length=run.chunk_length,
-                                  eval_policy=run.eval_policy)
-    reverb_root = os.path.join(checkpoint_root(self.logdir), REVERB_DIR)
+                                  eval_policy=run.eval_policy,
+                                  prefetch=run.prefetch)
+    reverb_root = rundir.reverb_dir(self.logdir)
     os.makedirs(reverb_root, exist_ok=True)
     tables = self.builder.make_replay_tables()
-    signature = {t.name: t.info.signature for t in tables}
-    self.server = make_server(tables, checkpoint_dir=reverb_root)
+    self.server = tables_lib.make_server(tables, checkpoint_dir=reverb_root)
     self.client = self.server.localhost_client()
-    if resumed:
+    if state:
       info = self.client.server_info()
-      for name, sig in signature.items():
-        if name not in info or info[name].signature != sig:
+      for t in tables:
+        if t.name not in info or info[t.name].signature != t.info.signature:
           raise ValueError(
               f'the Reverb checkpoint in {reverb_root} stores items in another '
-              f'layout than this code writes (table {name!r}); it was written '
+              f'layout than this code writes (table {t.name!r}); it was written '
               'by an incompatible version of reverb_tables. Resume with that '
               'version or start a new --logdir.')
     self.adder = self.builder.make_adder(self.client)
     self.dataset = self.builder.make_dataset_iterator(self.client)
-    self.sampler = self.dataset.sampler
     self.schedule = TrainSchedule(c)
-
-    # Learner and actors.
     self.keys = seed_keys(c.seed)
     self.networks = self.builder.make_networks()
     self.counter = counting.Counter()
     self.learner = self.builder.make_learner(
         self.keys['learner'], self.networks, self.dataset, self.client,
         counting.Counter(self.counter, prefix='', time_delta=0.0))
-    policy, mode = self.builder.make_policy(self.networks)
     self.actor = self.builder.make_actor(
-        self.keys['actor'], (policy, mode), self.adder, self.learner,
-        on_add=self._on_add)
+        self.keys['actor'], self.builder.make_policy(self.networks), self.adder,
+        self.learner)
+    rows = c.batch_size * (2 if run.prefetch else 1)
+    self.agent = DreamerAgent(
+        self.actor, self.learner, self.schedule, lambda: self.adder.num_items,
+        lambda n: tables_lib.can_sample(self.client, n), rows)
     self._eval_policy = self.builder.make_policy(self.networks, evaluation=True)
-    self.eval_actor = None
+    self.episodes_observer = env_loop.EpisodeObserver(
+        run.num_envs, on_episode=self._record_episode,
+        env_step=lambda: self.env_steps)
+    self.loop = env_loop.VectorEnvironmentLoop(
+        self.env, self.agent, self.counter, observers=[self.episodes_observer],
+        should_stop=self._tick)
 
-    # Counters (restored below).
-    self.agent_steps = 0
-    self.updates = 0
     self.episodes = 0
     self.wall_time = 0.0
-    self.next_log = run.log_every
-    self.next_eval = run.eval_every if run.eval_every else None
-    self.eval_calls = 0
-    self.eval_runs = 0
+    self.eval_calls = self.eval_runs = 0
     self.last_eval_step = None
     self.recent_scores: List[float] = []
-    if resumed:
-      self._restore(resumed, run_state)
-    # Everything is validated: now the run directory may change. Log lines
-    # from after the checkpoint (a killed segment) move to *.discarded.
-    for name, key in ((METRICS_FILE, 'metrics_bytes'), (SCORES_FILE, 'scores_bytes'),
-                      (os.path.join(EVAL_DIR, SCORES_FILE), 'eval_scores_bytes')):
-      keep = run_state['files'][key] if run_state else 0
-      cut = _cut_file(os.path.join(self.logdir, name), keep)
-      if cut:
-        self._log(f'[run] moved {cut} bytes of {name} written after the last '
-                  f'checkpoint to {name}.discarded')
-    if run.flags_text:
-      _write_file(os.path.join(self.logdir, 'flags.txt'), run.flags_text.encode())
-    self.logger = RunLogger(self.logdir)
-    self.tracker = envs_lib.EpisodeTracker(run.num_envs)
-    self._built = True
-
-  def _restore(self, ckpt: str, state: Dict[str, Any]) -> None:
-    rname = self._rckpt.load_replay_state(
-        ckpt, None, adder=self.adder, schedule=self.schedule,
-        latent_store=self.dataset.latent_store)['reverb_checkpoint']
-    with open(os.path.join(ckpt, LEARNER_FILE), 'rb') as f:
-      self.learner.restore(pickle.load(f))
-    self.actor.set_state(state['actor'])
-    self.counter.restore(state['counter'])
-    s = state['counters']
-    self.agent_steps = s['agent_steps']
-    self.updates = s['updates']
-    self.episodes = s['episodes']
-    self.wall_time = s['wall_time']
+    if state:
+      rckpt.load_replay_state(self._resume_from, None, adder=self.adder,
+                              schedule=self.schedule,
+                              latent_store=self.dataset.latent_store)
+      self.learner.restore(rundir.load_learner_state(self._resume_from))
+      self.actor.set_state(state['actor'])
+      self.agent.set_state(state['agent'])
+      self.counter.restore(state['counter'])
+      s = state['counters']
+      self.episodes, self.wall_time = s['episodes'], s['wall_time']
+      self.eval_calls, self.eval_runs = s['eval_calls'], s['eval_runs']
+      self.last_eval_step = s['last_eval_step']
+      self.recent_scores = list(s['recent_scores'])
+      self.dataset.sampler.num_online_rows = s['online_rows']
+      self.dataset.sampler.num_uniform_rows = s['uniform_rows']
+      size = int(self.client.server_info()['uniform'].current_size)
+      if size != self.adder.num_items:
+        raise ValueError(f'the Reverb checkpoint holds {size} items but the '
+                         f'run state expects {self.adder.num_items}; the '
+                         'checkpoint directory is inconsistent')
+      self._log(f'[run] resumed from {self._resume_from} (segment '
+                f'{self.segment}): {rundir.fmt_steps(self.env_steps)} env '
+                f'steps, {self.updates} updates, {size} replay items')
     # Log / eval grids follow the current flags (they may change on resume).
-    run = self.run_config
     self.next_log = (self.env_steps // run.log_every + 1) * run.log_every
     self.next_eval = ((self.env_steps // run.eval_every + 1) * run.eval_every
                       if run.eval_every else None)
-    self.eval_calls = s['eval_calls']
-    self.eval_runs = s['eval_runs']
-    self.last_eval_step = s.get('last_eval_step')
-    self.recent_scores = list(s['recent_scores'])
-    self.sampler.num_online_rows = s['online_rows']
-    self.sampler.num_uniform_rows = s['uniform_rows']
-    info = self.client.server_info()
-    size = int(info['uniform'].current_size)
-    if size != self.adder.num_items:
-      raise ValueError(f'Reverb checkpoint {rname} holds {size} items but the '
-                       f'run state expects {self.adder.num_items}; the '
-                       'checkpoint directory is inconsistent')
-    self._log(f'[run] resumed from {ckpt} (segment {self.segment}): '
-              f'{_fmt_steps(self.env_steps)} env steps, {self.updates} updates, '
-              f'{size} replay items')
+    rundir.start_segment(run, state)   # validated: now the logdir may change
+    self.logger = rundir.RunLogger(self.logdir)
+    self._built = True
 
-  # -- properties --------------------------------------------------------------------
+  # -- counts ------------------------------------------------------------------------
+  @property
+  def agent_steps(self) -> int:
+    """Transitions added to the replay (spec 6.1 step)."""
+    return self.agent.num_transitions
+
   @property
   def env_steps(self) -> int:
     """Agent transitions x action repeat (spec 7.5 x-axis)."""
     return self.agent_steps * self.run_config.action_repeat
 
   @property
+  def updates(self) -> int:
+    return self.agent.num_updates
+
+  @property
   def done(self) -> bool:
     return self.env_steps >= self.run_config.env_steps
-
-  # -- the per-transition hook (spec 6.1) ------------------------------------------
-  def _on_add(self, worker: int) -> None:
-    """After env ``worker``'s step was added: step += 1, then train (Alg. K)."""
-    self.agent_steps += 1
-    for _ in range(self.schedule(self.agent_steps, self.adder.num_items)):
-      self.learner.step()
-      self.updates += 1
 
   # -- main loop ---------------------------------------------------------------------
   def run(self) -> Dict[str, Any]:
     """Trains to ``env_steps``; returns a summary dict."""
     if not self._built:
       self._build()
-    handlers = self._install_signal_handlers()
+    handlers = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      try:
+        handlers[sig] = signal.signal(sig, self._on_signal)
+      except ValueError:                  # not the main thread
+        pass
     try:
-      summary = self._loop()
+      return self._run()
     finally:
-      self._restore_signal_handlers(handlers)
-    return summary
+      for sig, h in handlers.items():
+        signal.signal(sig, h)
 
-  def _loop(self) -> Dict[str, Any]:
+  def _on_signal(self, signum, frame) -> None:
+    del frame
+    if self._stop_signal is not None:     # second signal: stop now
+      raise KeyboardInterrupt
+    self._stop_signal = signum
+
+  def _run(self) -> Dict[str, Any]:
     run = self.run_config
-    t_start = time.perf_counter()
-    wall0 = self.wall_time
-    self._t_env = self._t_eval = self._t_ckpt = self._t_log = 0.0
-    last_ckpt = time.perf_counter()
-    last_progress = 0.0
-    self._row_mark = (time.perf_counter(), self.env_steps, self.updates,
-                      self._timing_snapshot())
-    self._row_scores: List[float] = []
-    self._row_lengths: List[int] = []
+    self._t_start, self._wall0 = time.perf_counter(), self.wall_time
+    self._t_eval = self._t_ckpt = 0.0
+    self._last_ckpt = self._last_progress = time.perf_counter()
+    self._row_scores, self._row_lengths = [], []
     self._last_row_step = None
+    self._row_mark = self._mark()
     self._log(f'[run] {run.task} size={self.config.size} envs={run.num_envs} '
               f'repeat={run.action_repeat} train_ratio={self.config.train_ratio:g} '
               f'B={self.config.batch_size} T={self.config.batch_length} '
-              f'target={_fmt_steps(run.env_steps)} env steps, logdir={self.logdir}')
-
-    def wall():
-      return wall0 + time.perf_counter() - t_start
-
+              f'target={rundir.fmt_steps(run.env_steps)} env steps, '
+              f'logdir={self.logdir}')
     worked = not self.done
     if worked:
-      obs = self.envs.reset()
-      self.tracker = self._envs_lib.EpisodeTracker(run.num_envs)
-      self.actor.observe_first(obs)
-      self.actor.update(wait=True)
-    while not self.done and self._stop_signal is None:
-      action = self.actor.select_action(obs)
-      t0 = time.perf_counter()
-      next_obs = self.envs.step(action, reset=obs['is_last'])
-      self._t_env += time.perf_counter() - t0
-      self.actor.observe(action, next_obs)      # adds + per-transition training
-      self.actor.update(wait=True)
-      self.counter.increment(actor_steps=run.num_envs,
-                             env_steps=run.num_envs * run.action_repeat)
-      for ep in self.tracker.update(obs, env_step=self.env_steps):
-        self._record_episode(ep)
-      obs = next_obs
-      self.wall_time = wall()
-      if self.env_steps >= self.next_log:
-        self._write_row()
-        self.next_log = (self.env_steps // run.log_every + 1) * run.log_every
-      if self.next_eval is not None and self.env_steps >= self.next_eval:
-        self.evaluate()
-        self.next_eval = (self.env_steps // run.eval_every + 1) * run.eval_every
-      now = time.perf_counter()
-      if now - last_ckpt >= run.checkpoint_every:
-        self.save_checkpoint()
-        last_ckpt = time.perf_counter()
-      if now - last_progress >= run.progress_every:
-        self._progress(final=False)
-        last_progress = now
+      self.loop.run()
     stopped = self._stop_signal is not None
     if worked or stopped:
       if not stopped:
@@ -620,25 +234,46 @@ class Trainer:
           self.evaluate()
         if self._last_row_step != self.env_steps:
           self._write_row()
-      self.wall_time = wall()
+      self._update_wall()
       self.save_checkpoint()
     else:
-      self._log(f'[run] {self.logdir} already reached {_fmt_steps(self.env_steps)} '
-                'env steps; nothing to train')
+      self._log(f'[run] {self.logdir} already reached '
+                f'{rundir.fmt_steps(self.env_steps)} env steps; nothing to train')
     self._progress(final=True)
     if stopped:
       self._log(f'[run] stopped by signal {self._stop_signal}; checkpoint saved, '
                 'rerun the same command to resume')
-    report_table = None
-    if run.report and not stopped:
-      report_table = self.make_report()
+    report = self.make_report() if run.report and not stopped else None
     return {
         'env_steps': self.env_steps, 'agent_steps': self.agent_steps,
         'updates': self.updates, 'episodes': self.episodes,
         'recent_scores': list(self.recent_scores), 'stopped': stopped,
-        'wall_time': self.wall_time, 'report': report_table,
+        'wall_time': self.wall_time, 'report': report,
         'update_cache_size': self.learner.update_cache_size(),
     }
+
+  def _update_wall(self) -> None:
+    self.wall_time = self._wall0 + time.perf_counter() - self._t_start
+
+  def _tick(self) -> bool:
+    """Polled by the loop between vector steps: rows, evals, checkpoints,
+    progress; True stops the loop (budget reached or a stop signal)."""
+    run = self.run_config
+    self._update_wall()
+    if self.env_steps >= self.next_log:
+      self._write_row()
+      self.next_log = (self.env_steps // run.log_every + 1) * run.log_every
+    if self.next_eval is not None and self.env_steps >= self.next_eval:
+      self.evaluate()
+      self.next_eval = (self.env_steps // run.eval_every + 1) * run.eval_every
+    now = time.perf_counter()
+    if now - self._last_ckpt >= run.checkpoint_every:
+      self.save_checkpoint()
+      self._last_ckpt = time.perf_counter()
+    if now - self._last_progress >= run.progress_every:
+      self._progress(final=False)
+      self._last_progress = now
+    return self.done or self._stop_signal is not None
 
   def _final_eval_due(self) -> bool:
     """An eval at the end unless one ran less than eval_every / 2 ago."""
@@ -659,24 +294,21 @@ class Trainer:
     self._row_scores.append(ep.score)
     self._row_lengths.append(ep.length)
 
-  def _timing_snapshot(self) -> Dict[str, float]:
-    return {
-        'env': getattr(self, '_t_env', 0.0),
-        'policy': self.actor.timings['policy_s'],
+  def _mark(self):
+    t = self.learner.timings
+    return (time.perf_counter(), self.env_steps, self.updates, {
+        'env': self.env.step_s, 'policy': self.actor.timings['policy_s'],
         'replay_add': self.actor.timings['add_s'],
-        'learner_sample': self.learner.timings['sample_s'],
-        'learner_update': self.learner.timings['update_s'],
-        'learner_write_back': self.learner.timings['write_back_s'],
-        'eval': getattr(self, '_t_eval', 0.0),
-        'checkpoint': getattr(self, '_t_ckpt', 0.0),
-    }
+        'learner_sample': t['sample_s'], 'learner_update': t['update_s'],
+        'learner_write_back': t['write_back_s'],
+        'eval': self._t_eval, 'checkpoint': self._t_ckpt})
 
   def _write_row(self) -> None:
-    t0 = time.perf_counter()
+    c, info = self.config, self.client.server_info()
     mark_t, mark_env, mark_upd, mark_tm = self._row_mark
-    dt = max(t0 - mark_t, 1e-9)
-    tm = self._timing_snapshot()
-    info = self.client.server_info()
+    now_t, _, _, tm = self._mark()
+    dt = max(now_t - mark_t, 1e-9)
+    scores, lengths = self._row_scores, self._row_lengths
     row = {
         'kind': 'train', 'env_step': self.env_steps,
         'agent_step': self.agent_steps, 'updates': self.updates,
@@ -684,22 +316,25 @@ class Trainer:
         'wall_time': self.wall_time,
         'fps/env_steps_per_s': (self.env_steps - mark_env) / dt,
         'fps/updates_per_s': (self.updates - mark_upd) / dt,
-        'episode/count': len(self._row_scores),
-        'episode/score_mean': (float(np.mean(self._row_scores))
-                               if self._row_scores else None),
-        'episode/score_max': (float(np.max(self._row_scores))
-                              if self._row_scores else None),
-        'episode/length_mean': (float(np.mean(self._row_lengths))
-                                if self._row_lengths else None),
+        'episode/count': len(scores),
+        'episode/score_mean': float(np.mean(scores)) if scores else None,
+        'episode/score_max': float(np.max(scores)) if scores else None,
+        'episode/length_mean': float(np.mean(lengths)) if lengths else None,
         'replay/items': self.adder.num_items,
         'replay/online_items': self.adder.num_online_items,
         'replay/uniform_size': int(info['uniform'].current_size),
         'replay/online_size': int(info['online'].current_size),
-        'replay/online_rows': self.sampler.num_online_rows,
-        'replay/uniform_rows': self.sampler.num_uniform_rows,
+        'replay/online_rows': self.dataset.sampler.num_online_rows,
+        'replay/uniform_rows': self.dataset.sampler.num_uniform_rows,
         'replay/latent_store_entries': len(self.dataset.latent_store),
-        'replay/ratio': (self.config.seq_len * self.updates * self.config.batch_size
+        'replay/ratio': (c.seq_len * self.updates * c.batch_size
                          / max(1, self.agent_steps)),
+        'replay/owed_updates': self.agent.owed_updates,
+        'replay/limiter_inserts': int(
+            info['uniform'].rate_limiter_info.insert_stats.completed),
+        'replay/limiter_samples': int(
+            info['uniform'].rate_limiter_info.sample_stats.completed),
+        'learner/idle_s': self.dataset.idle_s,
     }
     other = dt
     for k, v in tm.items():
@@ -711,12 +346,9 @@ class Trainer:
     self.logger.write(row)
     self._last_row_step = self.env_steps
     self._row_scores, self._row_lengths = [], []
-    self._t_log += time.perf_counter() - t0
-    self._row_mark = (time.perf_counter(), self.env_steps, self.updates,
-                      self._timing_snapshot())
+    self._row_mark = self._mark()
 
   def _progress(self, final: bool) -> None:
-    run = self.run_config
     recent = getattr(self, '_prog_mark', None)
     now = time.perf_counter()
     if recent is None or final:
@@ -724,13 +356,9 @@ class Trainer:
     else:
       fps = (self.env_steps - recent[1]) / max(now - recent[0], 1e-9)
     self._prog_mark = (now, self.env_steps)
-    left = max(0, run.env_steps - self.env_steps)
-    eta = left / fps if fps > 0 else float('inf')
-    scores = ', '.join(f'{s:.0f}' for s in self.recent_scores) or '-'
-    self._log(f'[{"done" if final else "run"}] {_fmt_steps(self.env_steps)}/'
-              f'{_fmt_steps(run.env_steps)} env steps | {self.updates} updates | '
-              f'{fps:.1f} env steps/s | last scores: {scores} | '
-              f'elapsed {_fmt_secs(self.wall_time)} | ETA {_fmt_secs(eta)}')
+    self._log(rundir.progress_line(
+        self.env_steps, self.run_config.env_steps, self.updates, fps,
+        self.wall_time, self.recent_scores, final=final))
 
   # -- evaluation (spec 7.3) ------------------------------------------------------------
   def evaluate(self) -> Dict[str, Any]:
@@ -745,11 +373,11 @@ class Trainer:
     t0 = time.perf_counter()
     from experiments.report import append_score
     n = run.eval_episodes
-    if self.eval_envs is None:
-      seed = self.config.seed + EVAL_SEED_OFFSET + SEGMENT_SEED_STRIDE * self.segment
-      self.eval_envs = self._envs_lib.VectorEnv(
-          run.task, n, run.action_repeat, seed=seed, time_limit=run.time_limit)
-    if self.eval_actor is None:
+    if self.eval_env is None:
+      self.eval_env = self._env_loop.VectorEnvironment(self._envs_lib.VectorEnv(
+          run.task, n, run.action_repeat,
+          seed=run.env_seed(self.config.seed, self.segment, evaluation=True),
+          time_limit=run.time_limit))
       from acme.jax import variable_utils
       from agent.actor import DreamerActor
       policy, mode = self._eval_policy
@@ -759,76 +387,49 @@ class Trainer:
       self.eval_actor.num_policy_calls = self.eval_calls
     actor = self.eval_actor
     actor.update(wait=True)
-    scores, lengths = run_eval_episodes(actor, self.eval_envs, n, self._envs_lib)
+    scores, lengths = self._env_loop.run_eval_episodes(actor, self.eval_env)
     self.eval_calls = actor.num_policy_calls
     self.eval_runs += 1
     for s in scores:
-      append_score(os.path.join(self.logdir, EVAL_DIR), run.task, self.env_steps,
-                   float(s), self.config.seed)
-    row = {'kind': 'eval', 'env_step': self.env_steps, 'updates': self.updates,
-           **eval_metrics(scores, lengths, actor.mode, time.perf_counter() - t0)}
+      append_score(os.path.join(self.logdir, rundir.EVAL_DIR), run.task,
+                   self.env_steps, float(s), self.config.seed)
+    row = rundir.eval_row(self.env_steps, scores, lengths, actor.mode,
+                          time.perf_counter() - t0, updates=self.updates)
     self.logger.write(row)
     self.last_eval_step = self.env_steps
     self._t_eval += time.perf_counter() - t0
-    self._log(f'[eval] {_fmt_steps(self.env_steps)} env steps: score '
+    self._log(f'[eval] {rundir.fmt_steps(self.env_steps)} env steps: score '
               f'{row["eval/score_mean"]:.1f} +- {row["eval/score_std"]:.1f} over '
               f'{n} episodes ({actor.mode} policy)')
     return row
 
   # -- checkpointing ----------------------------------------------------------------------
   def save_checkpoint(self) -> str:
-    """Atomic checkpoint (module doc); returns the ckpt-* path."""
+    """Atomic checkpoint (experiments.rundir); returns the ckpt-* path."""
     t0 = time.perf_counter()
-    root = checkpoint_root(self.logdir)
-    os.makedirs(root, exist_ok=True)
     self.adder.flush()
     reverb_path = self.client.checkpoint()       # new Reverb dir, DONE last
-    tmp = os.path.join(root, f'{TMP_PREFIX}{os.getpid()}-{time.time_ns()}')
-    os.makedirs(tmp)
-    self._rckpt.save_replay_state(
-        tmp, reverb_path, adder=self.adder, schedule=self.schedule,
-        latent_store=self.dataset.latent_store)
-    _write_file(os.path.join(tmp, LEARNER_FILE),
-                pickle.dumps(self.learner.save(), protocol=pickle.HIGHEST_PROTOCOL))
-    _write_file(os.path.join(tmp, CONFIG_FILE), json.dumps({
-        'config': dataclasses.asdict(self.config),
-        'spaces': {'obs': {k: list(v) for k, v in self.spaces.obs.items()},
-                   'act_dim': self.spaces.act_dim,
-                   'discrete': self.spaces.discrete},
-        'run': {k: getattr(self.run_config, k) for k in RESUME_FIXED},
-    }, indent=1).encode())
-    state = {
-        'segment': self.segment,
-        'actor': self.actor.get_state(),
-        'counter': self.counter.save(),
-        'counters': {
-            'agent_steps': self.agent_steps, 'env_steps': self.env_steps,
-            'updates': self.updates, 'episodes': self.episodes,
-            'wall_time': self.wall_time, 'next_log': self.next_log,
-            'next_eval': self.next_eval, 'eval_calls': self.eval_calls,
-            'eval_runs': self.eval_runs, 'last_eval_step': self.last_eval_step,
-            'recent_scores': list(self.recent_scores),
-            'online_rows': self.sampler.num_online_rows,
-            'uniform_rows': self.sampler.num_uniform_rows,
-            'learner_state_step': int(np.asarray(self.learner.state.step)),
-        },
-        'files': {
-            'metrics_bytes': _file_size(os.path.join(self.logdir, METRICS_FILE)),
-            'scores_bytes': _file_size(os.path.join(self.logdir, SCORES_FILE)),
-            'eval_scores_bytes': _file_size(
-                os.path.join(self.logdir, EVAL_DIR, SCORES_FILE)),
-        },
-        'time': time.time(),
-    }
-    _write_file(os.path.join(tmp, RUN_STATE_FILE),
-                json.dumps(state, indent=1).encode())
-    _fsync_dir(tmp)
-    final = os.path.join(root, f'{CKPT_PREFIX}{self.agent_steps:012d}')
-    if os.path.exists(final):            # same step saved twice (e.g. at the end)
-      shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    clean_checkpoints(self.logdir)       # older ckpt-* and unreferenced Reverb dirs
+    final = rundir.write_checkpoint(
+        self.logdir, self.agent_steps, reverb_path=reverb_path,
+        learner_state=self.learner.save(), config=self.config,
+        spaces=self.spaces, run=self.run_config, mode=MODE,
+        adder=self.adder, schedule=self.schedule,
+        latent_store=self.dataset.latent_store,
+        run_state={
+            'segment': self.segment, 'actor': self.actor.get_state(),
+            'agent': self.agent.get_state(), 'counter': self.counter.save(),
+            'counts': self.counter.get_counts(),
+            'counters': {
+                'agent_steps': self.agent_steps, 'env_steps': self.env_steps,
+                'updates': self.updates, 'episodes': self.episodes,
+                'wall_time': self.wall_time, 'eval_calls': self.eval_calls,
+                'eval_runs': self.eval_runs,
+                'last_eval_step': self.last_eval_step,
+                'recent_scores': list(self.recent_scores),
+                'online_rows': self.dataset.sampler.num_online_rows,
+                'uniform_rows': self.dataset.sampler.num_uniform_rows,
+                'learner_state_step': int(np.asarray(self.learner.state.step)),
+            }})
     self._t_ckpt += time.perf_counter() - t0
     self._log(f'[ckpt] {final} ({time.perf_counter() - t0:.1f}s)')
     return final
@@ -837,12 +438,13 @@ class Trainer:
   def make_report(self) -> Optional[str]:
     from experiments.report import make_report
     try:
-      table = make_report(self.logdir, os.path.join(self.logdir, REPORT_FILE))
+      table = make_report(self.logdir, os.path.join(self.logdir,
+                                                    rundir.REPORT_FILE))
     except (FileNotFoundError, ValueError) as e:
       self._log(f'[report] skipped: {e}')
       return None
     self._log(table)
-    self._log(f'[report] wrote {os.path.join(self.logdir, REPORT_FILE)}')
+    self._log(f'[report] wrote {os.path.join(self.logdir, rundir.REPORT_FILE)}')
     return table
 
   def close(self) -> None:
@@ -850,9 +452,9 @@ class Trainer:
     if self._closed:
       return
     self._closed = True
-    for name, method in (('logger', 'close'), ('adder', 'close'),
-                         ('envs', 'close'), ('eval_envs', 'close'),
-                         ('server', 'stop')):
+    for name, method in (('dataset', 'close'), ('logger', 'close'),
+                         ('adder', 'close'), ('env', 'close'),
+                         ('eval_env', 'close'), ('server', 'stop')):
       obj = getattr(self, name, None)
       if obj is None:
         continue
@@ -860,36 +462,6 @@ class Trainer:
         getattr(obj, method)()
       except Exception:  # noqa: BLE001  (e.g. the server is already down)
         pass
-
-  # -- signals ------------------------------------------------------------------------------
-  def _install_signal_handlers(self):
-    def handler(signum, frame):
-      del frame
-      if self._stop_signal is not None:   # second signal: stop now
-        raise KeyboardInterrupt
-      self._stop_signal = signum
-    handlers = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-      try:
-        handlers[sig] = signal.signal(sig, handler)
-      except ValueError:                  # not the main thread
-        pass
-    return handlers
-
-  @staticmethod
-  def _restore_signal_handlers(handlers) -> None:
-    for sig, h in handlers.items():
-      signal.signal(sig, h)
-
-
-def enable_compilation_cache(path: str) -> None:
-  """Persistent XLA compilation cache at ``path`` (JAX's own, keyed by jax
-  version, backend and flags): a resumed or repeated run skips recompiling
-  the update (~40 s for size1m on 2 CPU cores; ~7 s with the cache)."""
-  import jax
-  os.makedirs(path, exist_ok=True)
-  jax.config.update('jax_compilation_cache_dir', path)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)
 
 
 def train(run: RunConfig, config: DreamerConfig) -> Dict[str, Any]:

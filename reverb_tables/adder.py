@@ -125,6 +125,9 @@ class WindowAdder:
     max_in_flight_items: items a writer may hold unconfirmed before ``add``
       blocks (back-pressure from a 'ratio' rate limiter). Defaults to
       ``default_max_in_flight_items(chunk_length)``.
+    worker_offset: the step ids of local worker w are (worker_offset + w,
+      index): actor processes that own slices of one global worker layout
+      (the Launchpad program) write ids that are unique across actors.
   """
 
   def __init__(self, client: reverb.Client, config: ReplayConfig,
@@ -132,9 +135,12 @@ class WindowAdder:
                chunk_length: int = DEFAULT_CHUNK_LENGTH,
                max_in_flight_items: Optional[int] = None,
                uniform_table: str = UNIFORM_TABLE,
-               online_table: str = ONLINE_TABLE):
+               online_table: str = ONLINE_TABLE, worker_offset: int = 0):
     if num_workers <= 0:
       raise ValueError(f'num_workers must be positive, got {num_workers}')
+    if worker_offset < 0:
+      raise ValueError(f'worker_offset must be >= 0, got {worker_offset}')
+    self._worker_offset = int(worker_offset)
     config = ReplayConfig.of(config)
     self._client = client
     self._config = config
@@ -172,6 +178,10 @@ class WindowAdder:
     self._writers = [self._make_writer() for _ in range(self._num_workers)]
 
   # -- public properties --------------------------------------------------------
+  @property
+  def worker_offset(self) -> int:
+    return self._worker_offset
+
   @property
   def num_workers(self) -> int:
     return self._num_workers
@@ -294,7 +304,8 @@ class WindowAdder:
       raise ValueError(f'step must be a dict, got {type(steps).__name__}')
     steps = dict(steps)
     sid_dtype = self._spec[STEP_ID_KEY].dtype
-    expected = np.stack([workers, self._lengths[workers]], -1).astype(sid_dtype)
+    expected = np.stack([workers + self._worker_offset, self._lengths[workers]],
+                        -1).astype(sid_dtype)
     if not batched:
       expected = expected[0]
     given_ids = steps.get(STEP_ID_KEY) is not None

@@ -74,6 +74,11 @@ class TrainSchedule:
     self.num_updates = 0
 
   @property
+  def fill(self) -> int:
+    """Replay items before the first update (spec 6.2)."""
+    return self._fill
+
+  @property
   def ratio(self) -> float:
     """Updates per agent transition, train_ratio / (B*T) (spec 6.1)."""
     return self._ratio.ratio

@@ -154,12 +154,21 @@ class ReplaySampler:
     return rows
 
   def _assemble(self, rows: List[np.ndarray]) -> Dict[str, Any]:
-    batch = self._layout.unpack(np.stack(rows))
-    annotate(batch)
-    if self._store is not None:
-      fresh, found = self._store.lookup(batch[STEP_ID_KEY])
-      if found.any():
-        latent = batch[LATENT_KEY]
-        for key in ('deter', 'stoch'):
-          latent[key] = np.where(found[..., None], fresh[key], latent[key])
-    return batch
+    batch = annotate(self._layout.unpack(np.stack(rows)))
+    return overlay_latents(batch, self._store)
+
+
+def overlay_latents(batch: Dict[str, Any],
+                    latent_store: Optional[LatentStore]) -> Dict[str, Any]:
+  """Replaces the latents of every step found in ``latent_store`` (spec 5.8).
+
+  In place; returns ``batch``. A sampler without a store leaves this to its
+  caller (``agent.learner.ReplayIterator`` overlays after the previous
+  write-back, in the learner's thread)."""
+  if latent_store is not None:
+    fresh, found = latent_store.lookup(batch[STEP_ID_KEY])
+    if found.any():
+      latent = batch[LATENT_KEY]
+      for key in ('deter', 'stoch'):
+        latent[key] = np.where(found[..., None], fresh[key], latent[key])
+  return batch

@@ -16,18 +16,30 @@ one uint8 column [65, width] (``packed_window_signature``,
 bookkeeping. The adder packs and the sampler unpacks, so callers only see the
 nested layout.
 
-Rate limiting (spec 6.1):
+Rate limiting (spec 6.1): the ``uniform`` table's SampleToInsertRatio keeps
+the replay ratio in both layouts (``make_rate_limiter``):
 
-  ``'min_size'`` (single process) MinSize(1): the synchronous loop itself keeps
-      the train ratio with ``reverb_tables.ratio.TrainSchedule`` and gates on
-      ``config.train_fill`` items (spec 6.2).
-  ``'ratio'`` (multi process) SampleToInsertRatio with
-      samples_per_insert = train_ratio / batch_length (8 at RR 512: B*T/T rows
-      per inserted step, spec 6.1 "parallel" script), min_size_to_sample =
-      ``config.train_fill`` (spec 6.2 gate; the reference parallel script uses
+  samples_per_insert = train_ratio / batch_length (8 at RR 512: B*T/T rows per
+      inserted step, spec 6.1 "parallel" script) less the online rows per
+      insert, 1 / seq_len (one window in 65 is also queued, spec 5.4, and the
+      learner pops it instead of a uniform row), so uniform + online rows per
+      inserted item equal train_ratio / batch_length.
+  ``'ratio'`` (separate actor and learner processes): min_size_to_sample =
+      ``train_fill`` (spec 6.2 gate; the reference parallel script uses
       B*65 = 1040, see docs/deviations.md "Replay") and error_buffer = 4*B
       samples (the reference tolerance, spec 6.1), widened if needed to the
       minimum Reverb accepts (2 * samples_per_insert range).
+  ``'ratio_sync'`` (one process, the learner stepped by the spec 6.1 schedule
+      after every transition): the same ratio with a band that covers what the
+      synchronous loop cannot avoid, so the limiter never blocks the exact
+      schedule: items wait in their workers' open chunks (up to
+      ``num_workers * (chunk_length - 1)`` items the server has not seen,
+      ``reverb_tables.adder``), so min_size_to_sample is lowered and the error
+      buffer widened by that many inserts. ``can_sample`` lets the loop ask
+      before an update instead of blocking (Acme's ``LocalLayout`` asks
+      ``table.can_sample`` for its queues the same way): an update the limiter
+      would refuse is deferred, never a deadlock (``agent.local``).
+  ``'min_size'`` MinSize(1), for tools that drive sampling themselves.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ from reverb_tables.packing import StepLayout
 UNIFORM_TABLE = 'uniform'
 ONLINE_TABLE = 'online'
 TABLE_NAMES = (UNIFORM_TABLE, ONLINE_TABLE)
-RATE_LIMITERS = ('min_size', 'ratio')
+RATE_LIMITERS = ('ratio', 'ratio_sync', 'min_size')
 
 
 def window_signature(step_spec, config: ReplayConfig):
@@ -100,30 +112,69 @@ def ratio_error_buffer(config: ReplayConfig) -> float:
   return float(max(4 * config.batch_size, spi, 1.0))
 
 
-def make_rate_limiter(config: ReplayConfig, rate_limiter: str = 'min_size'):
-  """The ``uniform`` table's rate limiter (spec 6.1, 6.2); see module doc."""
+def samples_per_insert(config: ReplayConfig) -> float:
+  """Uniform rows sampled per inserted item (module doc, spec 6.1, 5.4)."""
+  config = ReplayConfig.of(config)
+  rows = config.train_ratio / config.batch_length
+  if config.online_queue and rows > 2.0 / config.seq_len:
+    rows -= 1.0 / config.seq_len
+  return rows
+
+
+def sync_lag_items(num_workers: int, chunk_length: int) -> int:
+  """Items of a one-process loop that only its own progress sends to the
+  server: the ones waiting in each worker's open chunk (module doc)."""
+  return int(num_workers) * max(0, int(chunk_length) - 1)
+
+
+def make_rate_limiter(config: ReplayConfig, rate_limiter: str = 'ratio', *,
+                      num_workers: int = 1, chunk_length: int = 1):
+  """The ``uniform`` table's rate limiter (spec 6.1, 6.2); see module doc.
+
+  ``num_workers`` and ``chunk_length`` (the adder's) size the 'ratio_sync'
+  band."""
   config = ReplayConfig.of(config)
   if rate_limiter == 'min_size':
     return reverb.rate_limiters.MinSize(1)
-  if rate_limiter == 'ratio':
-    return reverb.rate_limiters.SampleToInsertRatio(
-        samples_per_insert=config.train_ratio / config.batch_length,
-        min_size_to_sample=max(1, config.train_fill),
-        error_buffer=ratio_error_buffer(config))
-  raise ValueError(
-      f'rate_limiter must be one of {RATE_LIMITERS}, got {rate_limiter!r}')
+  if rate_limiter not in ('ratio', 'ratio_sync'):
+    raise ValueError(
+        f'rate_limiter must be one of {RATE_LIMITERS}, got {rate_limiter!r}')
+  spi = samples_per_insert(config)
+  min_size = max(1, config.train_fill)
+  error_buffer = ratio_error_buffer(config)
+  if rate_limiter == 'ratio_sync':
+    lag = sync_lag_items(num_workers, chunk_length)
+    min_size = max(1, min_size - lag)
+    error_buffer += spi * lag
+  return reverb.rate_limiters.SampleToInsertRatio(
+      samples_per_insert=spi, min_size_to_sample=min_size,
+      error_buffer=error_buffer)
+
+
+def can_sample(client: reverb.Client, num_samples: int,
+               table: str = UNIFORM_TABLE) -> bool:
+  """Whether ``table``'s rate limiter lets ``num_samples`` more samples
+  through now (SampleToInsertRatio's rule, from ``server_info``)."""
+  info = client.server_info()[table]
+  rl = info.rate_limiter_info
+  if info.current_size < rl.min_size_to_sample:
+    return False
+  diff = (rl.insert_stats.completed * rl.samples_per_insert
+          - rl.sample_stats.completed - num_samples)
+  return diff >= rl.min_diff
 
 
 def make_replay_tables(step_spec, config: ReplayConfig,
-                       rate_limiter: str = 'min_size') -> List[reverb.Table]:
+                       rate_limiter: str = 'ratio', *, num_workers: int = 1,
+                       chunk_length: int = 1) -> List[reverb.Table]:
   """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5, 6.1).
 
   Args:
     step_spec: per-step dm_env specs, ``agent.types.step_spec(spaces, config)``.
     config: a ReplayConfig (or any object with its fields, e.g. DreamerConfig)
       (capacity, seq_len, batch sizes, train ratio).
-    rate_limiter: 'min_size' (single-process synchronous loop, spec 6.1) or
-      'ratio' (multi-process SampleToInsertRatio, spec 6.1 parallel script).
+    rate_limiter: 'ratio' (separate processes), 'ratio_sync' (one process,
+      with ``num_workers`` and the adder's ``chunk_length``) or 'min_size'.
   """
   config = ReplayConfig.of(config)
   if config.batch_size * config.seq_len > config.replay_capacity:
@@ -137,7 +188,9 @@ def make_replay_tables(step_spec, config: ReplayConfig,
       sampler=reverb.selectors.Uniform(),       # spec 5.5: uniform only
       remover=reverb.selectors.Fifo(),          # spec 5.1: FIFO eviction
       max_size=config.replay_capacity,          # spec 5.1: items, not episodes
-      rate_limiter=make_rate_limiter(config, rate_limiter),
+      rate_limiter=make_rate_limiter(config, rate_limiter,
+                                     num_workers=num_workers,
+                                     chunk_length=chunk_length),
       signature=signature)
   online = reverb.Table.queue(                  # spec 5.4: FIFO, pop on sample
       name=ONLINE_TABLE, max_size=online_queue_size(config),

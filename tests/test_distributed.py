@@ -23,8 +23,9 @@ import pytest
 
 from agent import synthetic, types
 from agent.config import make_config
+from agent.learner import ReplayIterator, StopRequested
 from experiments import distributed as dist_lib
-from experiments import train as train_lib
+from experiments import rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
@@ -35,7 +36,7 @@ def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, **config_kw):
   config_kw.setdefault('batch_size', 2)
   config_kw.setdefault('batch_length', 8)
   config_kw.setdefault('replay_capacity', 10_000)
-  run = train_lib.RunConfig(task='cartpole_swingup', logdir=str(tmp_path),
+  run = rundir.RunConfig(task='cartpole_swingup', logdir=str(tmp_path),
                             env_steps=100, num_envs=num_envs,
                             eval_episodes=eval_episodes)
   return dist_lib.ProgramSpec(
@@ -130,16 +131,15 @@ def replay():
   server.stop()
 
 
-def test_slice_adder_writes_global_step_ids(replay):
+def test_actor_slice_adder_writes_global_step_ids(replay):
+  """An actor owning workers [2, 4) of the global layout writes ids (2|3, n)."""
   config, builder, client = replay
-  adder = dist_lib.SliceAdder(builder.make_adder(client), offset=2,
-                              num_workers=2)
-  assert adder.num_workers == 2
+  adder = builder.make_adder(client, num_workers=2, worker_offset=2)
+  assert adder.num_workers == 2 and adder.worker_offset == 2
   for n in range(config.seq_len + 3):
     adder.add_batch(_steps(config, [2, 3], n))
   adder.flush()
   assert adder.lengths.tolist() == [config.seq_len + 3] * 2
-  assert adder.adder.lengths.tolist() == [0, 0] + [config.seq_len + 3] * 2
   from reverb_tables.sampler import ReplaySampler
   batch = ReplaySampler(client, config, None,
                         step_spec=builder.step_spec).sample_train(16)
@@ -147,11 +147,11 @@ def test_slice_adder_writes_global_step_ids(replay):
   assert set(np.unique(workers)) <= {2, 3}
   # The stored observation carries the writer's worker id: ids match data.
   np.testing.assert_array_equal(batch['observation']['a'][..., 0], workers)
-  with pytest.raises(ValueError):
-    dist_lib.SliceAdder(builder.make_adder(client), offset=3, num_workers=2)
+  with pytest.raises(ValueError, match='worker_offset'):
+    builder.make_adder(client, num_workers=2, worker_offset=-1)
 
 
-def test_prefetch_iterator_overlays_latest_write_back(replay):
+def test_replay_iterator_prefetch_overlays_latest_write_back(replay):
   from reverb_tables.latent_store import LatentStore
   from reverb_tables.sampler import ReplaySampler
   config, builder, client = replay
@@ -161,7 +161,7 @@ def test_prefetch_iterator_overlays_latest_write_back(replay):
   adder.flush()
   store = LatentStore(config, 4)
   sampler = ReplaySampler(client, config, None, step_spec=builder.step_spec)
-  it = dist_lib.PrefetchIterator(sampler, store, prefetch=True)
+  it = ReplayIterator(sampler, store, prefetch=True)
   first = next(it)
   assert first['observation']['a'].shape == (4, config.seq_len, 3)
   assert not first['latent']['deter'].any()
@@ -190,18 +190,17 @@ class _BlockingSampler:
                        'stoch': np.zeros((1, 2, 3))}}
 
 
-def test_prefetch_iterator_stops_while_blocked():
+def test_replay_iterator_stops_while_blocked():
   from reverb_tables.latent_store import LatentStore
   config = make_config(size='tiny', batch_size=1, batch_length=1,
                        replay_capacity=100)
   stop = threading.Event()
   hooks = []
-  it = dist_lib.PrefetchIterator(_BlockingSampler(), LatentStore(config, 1),
-                                 should_stop=stop.is_set,
-                                 on_wait=lambda: hooks.append(1))
+  it = ReplayIterator(_BlockingSampler(), LatentStore(config, 1),
+                      should_stop=stop.is_set, on_wait=lambda: hooks.append(1))
   threading.Timer(1.3, stop.set).start()
   t0 = time.monotonic()
-  with pytest.raises(dist_lib.StopRequested):
+  with pytest.raises(StopRequested):
     next(it)
   assert time.monotonic() - t0 < 3.0
   assert hooks                           # bookkeeping ran while it waited
@@ -209,7 +208,7 @@ def test_prefetch_iterator_stops_while_blocked():
   it.close()
 
 
-def test_buffered_counter_batches_and_flushes():
+def test_synced_counter_batches_and_flushes():
   from acme.utils import counting
   calls = []
 
@@ -222,7 +221,7 @@ def test_buffered_counter_batches_and_flushes():
       return self.counter.increment(**kw)
 
   parent = Parent()
-  counter = dist_lib.BufferedCounter(parent, time_delta=3600)
+  counter = dist_lib.SyncedCounter(parent, time_delta=3600)
   counter.increment(actor_steps=2)        # first call syncs (no sync yet)
   for _ in range(5):
     counts = counter.increment(actor_steps=2, env_steps=4)
@@ -286,7 +285,7 @@ def _run_launcher(logdir, *extra, timeout=240, on_poll=None):
 
 
 def _rows(logdir, kind='train'):
-  with open(os.path.join(logdir, train_lib.METRICS_FILE)) as f:
+  with open(os.path.join(logdir, rundir.METRICS_FILE)) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   return [r for r in rows if r.get('kind') == kind]
 
@@ -307,15 +306,15 @@ def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path):
   time.sleep(0.5)
   alive = [pid for pid, created in pids.items() if _alive(pid, created)]
   assert not alive, f'processes left behind: {alive}'
-  ckpt = train_lib.latest_run_checkpoint(logdir)
+  ckpt = rundir.latest_run_checkpoint(logdir)
   assert ckpt is not None
-  with open(os.path.join(ckpt, train_lib.RUN_STATE_FILE)) as f:
+  with open(os.path.join(ckpt, rundir.RUN_STATE_FILE)) as f:
     state = json.load(f)
   assert state['mode'] == 'distributed'
   assert state['counts']['env_steps'] >= 500
   assert state['learner']['updates'] > 0
   assert len(state['actors']) == 2
-  assert os.path.exists(os.path.join(ckpt, train_lib.LEARNER_FILE))
+  assert os.path.exists(os.path.join(ckpt, rundir.LEARNER_FILE))
   rows = _rows(logdir)
   assert rows and rows[-1]['updates'] == state['learner']['updates']
   last = rows[-1]
@@ -332,7 +331,7 @@ def test_local_mp_sigint_saves_and_resumes(tmp_path):
   node; the same command then resumes from it (learner, latents, Reverb,
   counters) and finishes the budget."""
   logdir = str(tmp_path / 'run')
-  metrics = os.path.join(logdir, train_lib.METRICS_FILE)
+  metrics = os.path.join(logdir, rundir.METRICS_FILE)
   sent = []
 
   def interrupt(proc):
@@ -350,9 +349,9 @@ def test_local_mp_sigint_saves_and_resumes(tmp_path):
   assert 'stopped by a signal' in out, out[-4000:]
   time.sleep(0.5)
   assert not [p for p, c in pids.items() if _alive(p, c)]
-  ckpt = train_lib.latest_run_checkpoint(logdir)
+  ckpt = rundir.latest_run_checkpoint(logdir)
   assert ckpt is not None, out[-4000:]
-  with open(os.path.join(ckpt, train_lib.RUN_STATE_FILE)) as f:
+  with open(os.path.join(ckpt, rundir.RUN_STATE_FILE)) as f:
     first = json.load(f)
   updates0 = first['learner']['updates']
   steps0 = first['counts']['env_steps']
@@ -360,8 +359,8 @@ def test_local_mp_sigint_saves_and_resumes(tmp_path):
   code, out, pids = _run_launcher(logdir, f'--env_steps={steps0 + 200}')
   assert code == 0, out[-4000:]
   assert 'resuming from' in out
-  with open(os.path.join(train_lib.latest_run_checkpoint(logdir),
-                         train_lib.RUN_STATE_FILE)) as f:
+  with open(os.path.join(rundir.latest_run_checkpoint(logdir),
+                         rundir.RUN_STATE_FILE)) as f:
     second = json.load(f)
   assert second['segment'] == 1
   assert second['learner']['updates'] > updates0

@@ -351,8 +351,22 @@ def test_ratio_rate_limiter_table_and_capacity_check():
   config = tiny(train_ratio=512, batch_length=8, train_fill=16)
   tables = make_replay_tables(types.step_spec(SPACES, config), config, 'ratio')
   info = tables[0].info.rate_limiter_info
-  assert info.samples_per_insert == 512 / 8
+  # uniform rows per insert = rows per insert less the online share (1/65).
+  assert info.samples_per_insert == pytest.approx(512 / 8 - 1 / config.seq_len)
   assert info.min_size_to_sample == 16
+  assert info.max_diff - info.min_diff == pytest.approx(
+      2 * max(4 * config.batch_size, 512 / 8))
+  no_queue = tiny(train_ratio=512, batch_length=8, online_queue=False)
+  assert make_replay_tables(types.step_spec(SPACES, no_queue), no_queue,
+                            'ratio')[0].info.rate_limiter_info.samples_per_insert == 64
+  # One process: the band covers the items waiting in 4 workers' open chunks.
+  sync = make_replay_tables(types.step_spec(SPACES, config), config,
+                            'ratio_sync', num_workers=4, chunk_length=8)
+  sinfo = sync[0].info.rate_limiter_info
+  lag = 4 * 7
+  assert sinfo.min_size_to_sample == 1          # max(1, 16 - lag)
+  assert sinfo.max_diff - sinfo.min_diff == pytest.approx(
+      info.max_diff - info.min_diff + 2 * info.samples_per_insert * lag)
   with pytest.raises(ValueError, match='capacity'):
     make_replay_tables(types.step_spec(SPACES, config),
                        tiny(replay_capacity=10), 'min_size')

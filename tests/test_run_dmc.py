@@ -21,6 +21,7 @@ import pytest
 from absl import flags
 
 from experiments import run_dmc
+from experiments import rundir
 from experiments import train as train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,10 +55,10 @@ def test_smoke_train_kill_resume_eval(tmp_path):
   deadline = time.time() + 240
   try:
     while time.time() < deadline and proc.poll() is None:
-      ckpt = train_lib.latest_run_checkpoint(str(logdir))
+      ckpt = rundir.latest_run_checkpoint(str(logdir))
       if ckpt:
         try:
-          with open(os.path.join(ckpt, train_lib.RUN_STATE_FILE)) as f:
+          with open(os.path.join(ckpt, rundir.RUN_STATE_FILE)) as f:
             counters = json.load(f)['counters']
         except (OSError, ValueError):   # being pruned right now
           counters = {'updates': 0}
@@ -81,9 +82,9 @@ def test_smoke_train_kill_resume_eval(tmp_path):
   assert 'resumed from' in log, log[-4000:]
 
   # Counters continue to the target; one checkpoint left, its Reverb dir only.
-  ckpts = train_lib.list_run_checkpoints(str(logdir))
+  ckpts = rundir.list_run_checkpoints(str(logdir))
   assert len(ckpts) == 1
-  with open(os.path.join(ckpts[0], train_lib.RUN_STATE_FILE)) as f:
+  with open(os.path.join(ckpts[0], rundir.RUN_STATE_FILE)) as f:
     state = json.load(f)
   c = state['counters']
   assert state['segment'] >= 1
@@ -143,7 +144,7 @@ def _fake_ckpt(root, name, reverb_name):
   path = root / name
   path.mkdir(parents=True)
   (path / 'replay_state.json').write_text(json.dumps({'reverb_checkpoint': reverb_name}))
-  (path / train_lib.RUN_STATE_FILE).write_text('{}')
+  (path / rundir.RUN_STATE_FILE).write_text('{}')
   return path
 
 
@@ -159,13 +160,13 @@ def test_clean_checkpoints_after_kill_mid_save(tmp_path):
   good = _fake_ckpt(root, 'ckpt-000000000200', '2026-01-01T00:10:00')
   (root / '.tmp-123-456').mkdir()
   (root / 'ckpt-000000000300').mkdir()                         # no run_state: incomplete
-  assert train_lib.clean_checkpoints(str(tmp_path)) == str(good)
+  assert rundir.clean_checkpoints(str(tmp_path)) == str(good)
   assert sorted(os.listdir(root)) == ['ckpt-000000000200', 'reverb']
   assert os.listdir(root / 'reverb') == ['2026-01-01T00:10:00']
   # A checkpoint whose Reverb dir is gone is reported, not silently reset.
   shutil.rmtree(root / 'reverb' / '2026-01-01T00:10:00')
   with pytest.raises(ValueError, match='corrupted'):
-    train_lib.clean_checkpoints(str(tmp_path))
+    rundir.clean_checkpoints(str(tmp_path))
 
 
 # --- bad input -------------------------------------------------------------------------
@@ -234,9 +235,9 @@ def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_pat
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={logdir}')
   run, config = run_dmc.configs_from_flags(fv)
   saved = {'config': {**json.loads(json.dumps(vars_of(config))), 'size': 'size1m'},
-           'run': {k: getattr(run, k) for k in train_lib.RESUME_FIXED}}
-  (ckpt / train_lib.CONFIG_FILE).write_text(json.dumps(saved))
-  (ckpt / train_lib.RUN_STATE_FILE).write_text('{}')
+           'run': {k: getattr(run, k) for k in rundir.RESUME_FIXED}}
+  (ckpt / rundir.CONFIG_FILE).write_text(json.dumps(saved))
+  (ckpt / rundir.RUN_STATE_FILE).write_text('{}')
   (logdir / 'scores.jsonl').write_text('keep me\n')
   listing = sorted(str(p) for p in logdir.rglob('*'))
   with pytest.raises(ValueError, match="size: saved 'size1m', given 'tiny'"):
@@ -262,10 +263,9 @@ def test_single_process_refuses_distributed_checkpoint(tmp_path):
   """Bad input: resuming a distributed run's logdir without --distributed is a
   clear error naming the mode, and touches nothing."""
   import json
-  from experiments import train as train_lib
   ckpt = tmp_path / 'ckpt'
   ckpt.mkdir()
-  (ckpt / train_lib.RUN_STATE_FILE).write_text(json.dumps({'mode': 'distributed'}))
-  with pytest.raises(ValueError, match='distributed run'):
-    train_lib.check_single_process_checkpoint(str(ckpt), str(tmp_path))
-  assert json.loads((ckpt / train_lib.RUN_STATE_FILE).read_text()) == {'mode': 'distributed'}
+  (ckpt / rundir.RUN_STATE_FILE).write_text(json.dumps({'mode': 'distributed'}))
+  with pytest.raises(ValueError, match='distributed run.*--distributed'):
+    rundir.check_mode(str(ckpt), str(tmp_path), 'single_process')
+  assert json.loads((ckpt / rundir.RUN_STATE_FILE).read_text()) == {'mode': 'distributed'}
