@@ -177,7 +177,7 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
       'sample_thread_ms_per_batch': ((trainer.dataset.sample_s - sample0)
                                      / max(batches, 1) * 1e3),
       'split': split, 'non_learner_update_frac': 1.0 - split['learner_update'],
-      'update_cache_size': learner.update_cache_size(),
+      'update_cache_size': None if ceiling else learner.update_cache_size(),
       'owed_updates': trainer.agent.owed_updates,
   }
   order = 'sync' if sync else 'prefetch'

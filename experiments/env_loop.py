@@ -33,6 +33,7 @@ in the middle of a loop episode.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, List, Optional, Sequence
 
@@ -239,3 +240,73 @@ def run_eval_episodes(actor, environment: VectorEnvironment,
   scores = np.array([first[i].score for i in range(n)]) if len(first) == n else None
   lengths = np.array([first[i].length for i in range(n)]) if len(first) == n else None
   return scores, lengths
+
+
+class Evaluator:
+  """Spec 7.3 evaluation, shared by both layouts: ``num_envs`` eval envs, one
+  episode each, with the builder's evaluation policy ('sample' as the paper,
+  or 'mode') reading params from ``variable_source``.
+
+  ``evaluate(env_step)`` appends the scores to ``eval/scores.jsonl``, writes
+  an 'eval' row to ``logger`` and returns it; ``get_state`` / ``set_state``
+  carry the eval count, the last eval step and the policy-rng position across
+  a resume. The envs are built at the first evaluation.
+  """
+
+  def __init__(self, run, config, spaces, segment: int, variable_source,
+               policy_network, key, logger, make_environment):
+    self._run, self._config, self._spaces = run, config, spaces
+    self._segment, self._source = segment, variable_source
+    self._policy, self._key = policy_network, key
+    self._logger, self._make_env = logger, make_environment
+    self.env = self.actor = None
+    self.eval_runs, self.last_eval_step, self._calls = 0, None, 0
+
+  def get_state(self):
+    return {'eval_runs': self.eval_runs, 'last_eval_step': self.last_eval_step,
+            'num_policy_calls': (self.actor.num_policy_calls if self.actor
+                                 else self._calls)}
+
+  def set_state(self, state) -> None:
+    self.eval_runs = int(state.get('eval_runs', 0))
+    self.last_eval_step = state.get('last_eval_step')
+    self._calls = int(state.get('num_policy_calls', 0))
+
+  def evaluate(self, env_step: int, should_stop=lambda: False, **extra):
+    """One eval round; None if ``should_stop()`` ended it early."""
+    from acme.jax import variable_utils
+
+    from agent.actor import DreamerActor
+    from experiments import rundir
+    from experiments.report import append_score
+    run = self._run
+    t0 = time.perf_counter()
+    if self.env is None:
+      self.env = self._make_env(run.eval_episodes, run.env_seed(
+          self._config.seed, self._segment, evaluation=True))
+      policy, mode = self._policy
+      self.actor = DreamerActor(
+          policy, self._spaces, run.eval_episodes, self._key,
+          variable_utils.VariableClient(self._source, 'policy'), None,
+          mode=mode)
+      self.actor.num_policy_calls = self._calls
+    self.actor.update(wait=True)
+    scores, lengths = run_eval_episodes(self.actor, self.env, should_stop)
+    if scores is None:
+      return None
+    self.eval_runs += 1
+    for s in scores:
+      append_score(os.path.join(run.logdir, rundir.EVAL_DIR), run.task,
+                   env_step, float(s), self._config.seed)
+    row = rundir.eval_row(env_step, scores, lengths, self.actor.mode,
+                          time.perf_counter() - t0, **extra)
+    self._logger().write(row)
+    self.last_eval_step = int(env_step)
+    rundir.log(f'[eval] {rundir.fmt_steps(env_step)} env steps: score '
+               f'{row["eval/score_mean"]:.1f} +- {row["eval/score_std"]:.1f} '
+               f'over {len(scores)} episodes ({self.actor.mode} policy)')
+    return row
+
+  def close(self) -> None:
+    if self.env is not None:
+      self.env.close()

@@ -336,8 +336,9 @@ class VectorEnv:
   N rows are validated (shape, finiteness) even for envs being reset;
   ValueError names the offending env.
 
-  Seeding: env i gets seed * 1000 + i (env_seed), so num_envs <= 1000 keeps
-  seeds of different runs disjoint.
+  Seeding: env i gets seed * 1000 + first_index + i (env_seed), so
+  num_envs <= 1000 keeps seeds of different runs disjoint (first_index: the
+  global index of env 0, for actor processes that own a slice of the envs).
 
   Step counting (spec 7.5 logger x-axis): every obs an env emits, reset obs
   included, is one agent step (the reference driver counts one step per
@@ -350,7 +351,7 @@ class VectorEnv:
   def __init__(self, task: str, num_envs: int = DEFAULT_NUM_ENVS,
                action_repeat: int = DEFAULT_ACTION_REPEAT, seed: int = 0,
                time_limit: Optional[float] = None,
-               environment_kwargs: Optional[dict] = None):
+               environment_kwargs: Optional[dict] = None, first_index: int = 0):
     if (isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer))
         or num_envs < 1):
       raise ValueError(f'num_envs must be an integer >= 1, got {num_envs!r}')
@@ -360,7 +361,7 @@ class VectorEnv:
     self._repeat = _check_repeat(action_repeat)
     self.num_envs = int(num_envs)
     self.seed = seed
-    self.envs = [DMCEnv(task, self._repeat, seed=env_seed(seed, i),
+    self.envs = [DMCEnv(task, self._repeat, seed=env_seed(seed, first_index + i),
                         time_limit=time_limit,
                         environment_kwargs=environment_kwargs)
                  for i in range(self.num_envs)]

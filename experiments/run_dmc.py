@@ -204,8 +204,8 @@ def parse_overrides(entries) -> dict:
 def _overrides_ok(entries) -> bool:
   try:
     parse_overrides(entries)
-  except ValueError:
-    return False
+  except ValueError as e:        # the message names the field and its type
+    raise flags.ValidationError(str(e)) from e
   return True
 
 

@@ -88,7 +88,6 @@ class Trainer:
         run.task, run.num_envs, run.action_repeat,
         seed=run.env_seed(c.seed, self.segment), time_limit=run.time_limit))
     self.spaces = self.env.spaces
-    self.eval_env = self.eval_actor = None
 
     self.builder = DreamerBuilder(c, self.spaces, num_envs=run.num_envs,
                                   rate_limiter='ratio_sync',
@@ -101,14 +100,7 @@ class Trainer:
     self.server = tables_lib.make_server(tables, checkpoint_dir=reverb_root)
     self.client = self.server.localhost_client()
     if state:
-      info = self.client.server_info()
-      for t in tables:
-        if t.name not in info or info[t.name].signature != t.info.signature:
-          raise ValueError(
-              f'the Reverb checkpoint in {reverb_root} stores items in another '
-              f'layout than this code writes (table {t.name!r}); it was written '
-              'by an incompatible version of reverb_tables. Resume with that '
-              'version or start a new --logdir.')
+      tables_lib.check_signatures(self.client.server_info(), tables, reverb_root)
     self.adder = self.builder.make_adder(self.client)
     self.dataset = self.builder.make_dataset_iterator(self.client)
     self.schedule = TrainSchedule(c)
@@ -125,7 +117,13 @@ class Trainer:
     self.agent = DreamerAgent(
         self.actor, self.learner, self.schedule, lambda: self.adder.num_items,
         lambda n: tables_lib.can_sample(self.client, n), rows)
-    self._eval_policy = self.builder.make_policy(self.networks, evaluation=True)
+    self.evaluator = env_loop.Evaluator(
+        run, c, self.spaces, self.segment, self.learner,
+        self.builder.make_policy(self.networks, evaluation=True),
+        self.keys['eval'], lambda: self.logger,
+        lambda n, seed: env_loop.VectorEnvironment(envs_lib.VectorEnv(
+            run.task, n, run.action_repeat, seed=seed,
+            time_limit=run.time_limit)))
     self.episodes_observer = env_loop.EpisodeObserver(
         run.num_envs, on_episode=self._record_episode,
         env_step=lambda: self.env_steps)
@@ -134,9 +132,7 @@ class Trainer:
         should_stop=self._tick)
 
     self.episodes = 0
-    self.wall_time = 0.0
-    self.eval_calls = self.eval_runs = 0
-    self.last_eval_step = None
+    self.wall_time = self._t_eval = self._t_ckpt = 0.0
     self.recent_scores: List[float] = []
     if state:
       rckpt.load_replay_state(self._resume_from, None, adder=self.adder,
@@ -148,8 +144,7 @@ class Trainer:
       self.counter.restore(state['counter'])
       s = state['counters']
       self.episodes, self.wall_time = s['episodes'], s['wall_time']
-      self.eval_calls, self.eval_runs = s['eval_calls'], s['eval_runs']
-      self.last_eval_step = s['last_eval_step']
+      self.evaluator.set_state(state['evaluator'])
       self.recent_scores = list(s['recent_scores'])
       self.dataset.sampler.num_online_rows = s['online_rows']
       self.dataset.sampler.num_uniform_rows = s['uniform_rows']
@@ -214,7 +209,6 @@ class Trainer:
   def _run(self) -> Dict[str, Any]:
     run = self.run_config
     self._t_start, self._wall0 = time.perf_counter(), self.wall_time
-    self._t_eval = self._t_ckpt = 0.0
     self._last_ckpt = self._last_progress = time.perf_counter()
     self._row_scores, self._row_lengths = [], []
     self._last_row_step = None
@@ -280,9 +274,10 @@ class Trainer:
     run = self.run_config
     if not run.eval_episodes:
       return False
-    if self.last_eval_step is None or not run.eval_every:
-      return self.last_eval_step != self.env_steps
-    return self.env_steps - self.last_eval_step >= run.eval_every / 2
+    last = self.evaluator.last_eval_step
+    if last is None or not run.eval_every:
+      return last != self.env_steps
+    return self.env_steps - last >= run.eval_every / 2
 
   # -- episodes / rows -------------------------------------------------------------
   def _record_episode(self, ep) -> None:
@@ -362,45 +357,12 @@ class Trainer:
 
   # -- evaluation (spec 7.3) ------------------------------------------------------------
   def evaluate(self) -> Dict[str, Any]:
-    """One episode in each of ``eval_episodes`` separate envs (spec 7.3).
-
-    The policy samples (paper) unless --eval_policy=mode. Scores go to
-    eval/scores.jsonl and a metrics row with kind 'eval'.
-    """
-    run = self.run_config
-    if not run.eval_episodes:
+    """One episode in each of ``eval_episodes`` separate envs (spec 7.3)."""
+    if not self.run_config.eval_episodes:
       return {}
     t0 = time.perf_counter()
-    from experiments.report import append_score
-    n = run.eval_episodes
-    if self.eval_env is None:
-      self.eval_env = self._env_loop.VectorEnvironment(self._envs_lib.VectorEnv(
-          run.task, n, run.action_repeat,
-          seed=run.env_seed(self.config.seed, self.segment, evaluation=True),
-          time_limit=run.time_limit))
-      from acme.jax import variable_utils
-      from agent.actor import DreamerActor
-      policy, mode = self._eval_policy
-      self.eval_actor = DreamerActor(
-          policy, self.spaces, n, self.keys['eval'],
-          variable_utils.VariableClient(self.learner, 'policy'), None, mode=mode)
-      self.eval_actor.num_policy_calls = self.eval_calls
-    actor = self.eval_actor
-    actor.update(wait=True)
-    scores, lengths = self._env_loop.run_eval_episodes(actor, self.eval_env)
-    self.eval_calls = actor.num_policy_calls
-    self.eval_runs += 1
-    for s in scores:
-      append_score(os.path.join(self.logdir, rundir.EVAL_DIR), run.task,
-                   self.env_steps, float(s), self.config.seed)
-    row = rundir.eval_row(self.env_steps, scores, lengths, actor.mode,
-                          time.perf_counter() - t0, updates=self.updates)
-    self.logger.write(row)
-    self.last_eval_step = self.env_steps
+    row = self.evaluator.evaluate(self.env_steps, updates=self.updates)
     self._t_eval += time.perf_counter() - t0
-    self._log(f'[eval] {rundir.fmt_steps(self.env_steps)} env steps: score '
-              f'{row["eval/score_mean"]:.1f} +- {row["eval/score_std"]:.1f} over '
-              f'{n} episodes ({actor.mode} policy)')
     return row
 
   # -- checkpointing ----------------------------------------------------------------------
@@ -418,13 +380,12 @@ class Trainer:
         run_state={
             'segment': self.segment, 'actor': self.actor.get_state(),
             'agent': self.agent.get_state(), 'counter': self.counter.save(),
+            'evaluator': self.evaluator.get_state(),
             'counts': self.counter.get_counts(),
             'counters': {
                 'agent_steps': self.agent_steps, 'env_steps': self.env_steps,
                 'updates': self.updates, 'episodes': self.episodes,
-                'wall_time': self.wall_time, 'eval_calls': self.eval_calls,
-                'eval_runs': self.eval_runs,
-                'last_eval_step': self.last_eval_step,
+                'wall_time': self.wall_time,
                 'recent_scores': list(self.recent_scores),
                 'online_rows': self.dataset.sampler.num_online_rows,
                 'uniform_rows': self.dataset.sampler.num_uniform_rows,
@@ -454,7 +415,7 @@ class Trainer:
     self._closed = True
     for name, method in (('dataset', 'close'), ('logger', 'close'),
                          ('adder', 'close'), ('env', 'close'),
-                         ('eval_env', 'close'), ('server', 'stop')):
+                         ('evaluator', 'close'), ('server', 'stop')):
       obj = getattr(self, name, None)
       if obj is None:
         continue

@@ -27,10 +27,10 @@ is copied out of the [B, 65, width] buffer into a C-contiguous array of its
 spec dtype (~1.5 ms for [16, 65] at size12m), so batches have the nested
 layout of ``agent.types`` exactly as before.
 
-Queue size check: the queue size is read with ``client.server_info()``
-(~0.3-0.6 ms in process). The local ``reverb.Table.can_sample`` costs < 1 us
+Queue size check: the queue size is read with ``tables.table_stats`` (the
+server info without decoding signatures, ~0.05 ms in process). The local ``reverb.Table.can_sample`` costs < 1 us
 but is wrong after a checkpoint restore (the server replaces the Python tables),
-and the Python client has no sample timeout, so ``server_info`` is used.
+and the Python client has no sample timeout, so the server is asked.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from reverb_tables.config import ReplayConfig
 from reverb_tables.adder import step_layout_from_server
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.packing import StepLayout
-from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE
+from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE, table_stats
 
 LATENT_KEY = 'latent'
 STEP_ID_KEY = 'step_id'
@@ -99,8 +99,7 @@ class ReplaySampler:
   # -- sampling -----------------------------------------------------------------
   def online_size(self) -> int:
     """Items currently in the online queue (spec 5.4)."""
-    info = self._client.server_info()
-    return int(info[self._online_table].current_size)
+    return int(table_stats(self._client)[self._online_table].current_size)
 
   def sample_train(self, batch_size: Optional[int] = None) -> Dict[str, Any]:
     """Online rows first (non-blocking), then uniform rows (spec 5.3, 5.4)."""
@@ -142,8 +141,12 @@ class ReplaySampler:
     """``num`` packed items, each uint8 [seq_len, width]."""
     rows = []
     want = (self._config.seq_len, self._layout.width)
-    for sample in self._client.sample(table, num, emit_timesteps=False):
-      data = sample.data
+    # ``client.sample`` keeps one item in flight (buffer_size=1), a round
+    # trip per item; the same pybind sampler with all ``num`` in flight lets
+    # the server fetch them together (~2x faster for [16, 65] at size12m).
+    sampler = self._client._client.NewSampler(table, num, num)  # noqa: SLF001
+    for _ in range(num):
+      data = sampler.GetNextTrajectory()[4:]   # key, prob, size, priority, data
       if (len(data) != 1 or data[0].shape != want or
           data[0].dtype != np.uint8):
         raise ValueError(

@@ -198,6 +198,28 @@ def test_bad_flag_values_name_the_flag(argv, name):
     _parse('--logdir=/tmp/x', *argv)
 
 
+@pytest.mark.parametrize('entry, message', [
+    ('lr=abc', r"lr='abc' must be a number \(DreamerConfig.lr is float\)"),
+    ('warmup=1.5', r'warmup=1.5 must be an integer'),
+    ('online_queue=1', r'online_queue=1 must be a bool'),
+    ('latent_store_dtype=3', r'latent_store_dtype=3 must be a string'),
+])
+def test_config_overrides_are_type_checked_before_anything_is_written(
+    tmp_path, entry, message):
+  """A wrong override value names the field and the type it needs, at flag
+  parsing (no logdir, no checkpoint folder)."""
+  with pytest.raises(flags.IllegalFlagValueError, match=message):
+    _parse(f'--logdir={tmp_path / "r"}', f'--config_overrides={entry}')
+  out = subprocess.run(_cmd(tmp_path / 'r', f'--config_overrides={entry}'),
+                       cwd=REPO, env=_env(), capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode != 0 and entry.split('=')[0] in out.stderr
+  assert not (tmp_path / 'r').exists()
+  ok = run_dmc.parse_overrides(['lr=1', 'warmup=10.0', 'units_override=None'])
+  assert ok == {'lr': 1.0, 'warmup': 10, 'units_override': None}
+  assert isinstance(ok['lr'], float) and isinstance(ok['warmup'], int)
+
+
 def test_bad_enum_and_missing_logdir():
   with pytest.raises(flags.IllegalFlagValueError, match='eval_policy'):
     _parse('--logdir=/tmp/x', '--eval_policy=greedy')
