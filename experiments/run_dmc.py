@@ -143,36 +143,30 @@ def _field_types():
   return {f.name: type(f.default) for f in dataclasses.fields(DreamerConfig)}
 
 
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+# field type -> (accepts, converts, what to ask for)
+_TYPE_RULES = {
+    type(None): (lambda v: v is None or _is_int(v), lambda v: v,
+                 'an integer or None'),        # Optional[int] (units_override)
+    bool: (lambda v: isinstance(v, bool), bool, 'a bool (True or False)'),
+    int: (lambda v: _is_int(v) or (isinstance(v, float) and v.is_integer()),
+          int, 'an integer'),
+    float: (lambda v: _is_int(v) or isinstance(v, float), float, 'a number'),
+    str: (lambda v: isinstance(v, str), str, 'a string'),
+    tuple: (lambda v: isinstance(v, (tuple, list)), tuple, 'a tuple'),
+}
+
+
 def _typed(name: str, value, kind):
   """``value`` as field ``name``'s type ``kind``; ValueError naming both."""
-  if kind is type(None):                 # Optional[int] fields (units_override)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-      return value
-    want = 'an integer or None'
-  elif kind is bool:
-    if isinstance(value, bool):
-      return value
-    want = 'a bool (True or False)'
-  elif kind is int:
-    if isinstance(value, int) and not isinstance(value, bool):
-      return value
-    if isinstance(value, float) and value.is_integer():
-      return int(value)
-    want = 'an integer'
-  elif kind is float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-      return float(value)
-    want = 'a number'
-  elif kind is str:
-    if isinstance(value, str):
-      return value
-    want = 'a string'
-  elif kind is tuple:
-    if isinstance(value, (tuple, list)):
-      return tuple(value)
-    want = 'a tuple'
-  else:
+  if kind not in _TYPE_RULES:
     return value
+  accepts, convert, want = _TYPE_RULES[kind]
+  if accepts(value):
+    return convert(value)
   raise ValueError(f'--config_overrides: {name}={value!r} must be {want} '
                    f'(DreamerConfig.{name} is {kind.__name__})')
 

@@ -127,7 +127,7 @@ def sync_lag_items(num_workers: int, chunk_length: int) -> int:
   return int(num_workers) * max(0, int(chunk_length) - 1)
 
 
-def make_rate_limiter(config: ReplayConfig, rate_limiter: str = 'ratio', *,
+def make_rate_limiter(config: ReplayConfig, rate_limiter: str = 'min_size', *,
                       num_workers: int = 1, chunk_length: int = 1):
   """The ``uniform`` table's rate limiter (spec 6.1, 6.2); see module doc.
 
@@ -178,7 +178,7 @@ def can_sample(client: reverb.Client, num_samples: int,
 
 
 def make_replay_tables(step_spec, config: ReplayConfig,
-                       rate_limiter: str = 'ratio', *, num_workers: int = 1,
+                       rate_limiter: str = 'min_size', *, num_workers: int = 1,
                        chunk_length: int = 1) -> List[reverb.Table]:
   """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5, 6.1).
 
