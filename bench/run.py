@@ -58,6 +58,9 @@ flags.DEFINE_bool('end_to_end', True, 'Run the end-to-end part.')
 flags.DEFINE_bool('ceiling', False, 'Loop ceiling: zero-cost update stand-in '
                   '(implies --noacting).')
 flags.DEFINE_bool('sync', False, 'Strict synchronous order (no prefetch).')
+flags.DEFINE_float('standin_ms', 0.0, 'With --ceiling: the stand-in update '
+                   'sleeps this long (GIL released), e.g. 25 for an H200 '
+                   'size12m update, to show what prefetch hides.')
 
 
 def bench_acting(size: str):
@@ -110,8 +113,12 @@ def zero_cost_update(learner, batch):
   _, _, outs = jax.eval_shape(learner._update, learner.state, batch)
   zeros = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), outs)
 
+  pause = FLAGS.standin_ms / 1e3
+
   def update(state, batch):
     del batch
+    if pause:
+      time.sleep(pause)
     return state, {}, zeros
   return update
 
@@ -182,7 +189,8 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
   }
   order = 'sync' if sync else 'prefetch'
   if ceiling:
-    print(f'[ceiling {size} ratio {FLAGS.train_ratio:g} {order}] '
+    print(f'[ceiling {size} ratio {FLAGS.train_ratio:g} {order} stand-in '
+          f'{FLAGS.standin_ms:g} ms] '
           f'loop_ceiling_updates_per_s={res["updates_per_s"]:.2f} '
           f'({updates} stand-in updates in {total:.1f}s; sampler thread '
           f'{res["sample_thread_ms_per_batch"]:.1f} ms/batch)', flush=True)
