@@ -323,17 +323,36 @@ def check_logdir_writable(logdir: str) -> None:
       raise ValueError(f'--logdir {logdir!r}: {path} is not writable')
 
 
+# run_state.json keys each layout needs to resume (older layouts lack some).
+_STATE_KEYS = {'single_process': ('segment', 'agent', 'evaluator', 'counter',
+                                  'counters'),
+               'distributed': ('segment', 'learner', 'actors', 'counter',
+                               'counts')}
+
+
 def check_mode(ckpt: str, logdir: str, mode: str) -> None:
   """ValueError if ``ckpt`` was written by the other layout."""
   path = os.path.join(ckpt, RUN_STATE_FILE)
-  saved = (read_json(path).get('mode') if os.path.exists(path) else None
-           ) or 'single_process'
+  state = read_json(path) if os.path.exists(path) else {}
+  saved = state.get('mode') or 'single_process'
   if saved != mode:
     how = ('with --distributed' if saved == 'distributed'
            else 'without --distributed')
     raise ValueError(
         f'--logdir {logdir!r} holds a {saved} run (checkpoint {ckpt}); resume '
         f'it {how}, or use a new --logdir for a {mode} run.')
+
+
+def check_state(ckpt: str, logdir: str, mode: str) -> None:
+  """ValueError if ``ckpt``'s run state lacks what this layout resumes."""
+  path = os.path.join(ckpt, RUN_STATE_FILE)
+  state = read_json(path) if os.path.exists(path) else {}
+  missing = [k for k in _STATE_KEYS[mode] if k not in state]
+  if missing:
+    raise ValueError(
+        f'--logdir {logdir!r}: checkpoint {ckpt} was written by another '
+        f'version of the run layer (its run state lacks {missing}); resume it '
+        'with that version or use a new --logdir.')
 
 
 def check_resume_compatible(ckpt: str, run: RunConfig, config) -> None:
@@ -363,6 +382,7 @@ def validate(run: RunConfig, config, mode: str) -> Optional[str]:
   if latest is not None:
     check_mode(latest, run.logdir, mode)
     check_resume_compatible(latest, run, config)
+    check_state(latest, run.logdir, mode)
   return latest
 
 

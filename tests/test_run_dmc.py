@@ -291,3 +291,22 @@ def test_single_process_refuses_distributed_checkpoint(tmp_path):
   with pytest.raises(ValueError, match='distributed run.*--distributed'):
     rundir.check_mode(str(ckpt), str(tmp_path), 'single_process')
   assert json.loads((ckpt / rundir.RUN_STATE_FILE).read_text()) == {'mode': 'distributed'}
+
+
+def test_checkpoint_of_an_older_run_layer_is_refused_untouched(tmp_path):
+  """Bad input: a checkpoint whose run state this layer cannot resume (written
+  before the run layer moved onto Acme's loop) is a clear error; nothing in
+  the logdir changes."""
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}')
+  run, config = run_dmc.configs_from_flags(fv)
+  ckpt = tmp_path / 'checkpoints' / 'ckpt-000000000010'
+  ckpt.mkdir(parents=True)
+  (ckpt / rundir.CONFIG_FILE).write_text(json.dumps(
+      {'config': vars_of(config),
+       'run': {k: getattr(run, k) for k in rundir.RESUME_FIXED}}))
+  old_state = {'segment': 0, 'actor': {}, 'counters': {'env_steps': 10}}
+  (ckpt / rundir.RUN_STATE_FILE).write_text(json.dumps(old_state))
+  listing = sorted(str(p) for p in tmp_path.rglob('*'))
+  with pytest.raises(ValueError, match='another version of the run layer'):
+    train_lib.Trainer(run, config)
+  assert sorted(str(p) for p in tmp_path.rglob('*')) == listing
