@@ -114,8 +114,6 @@ class EpisodeObserver(observers_lib.EnvLoopObserver):
   def __init__(self, num_envs: int, on_episode: Callable = None,
                env_step: Callable[[], int] = None):
     from experiments.envs import EpisodeTracker
-    self._tracker_cls = EpisodeTracker
-    self._num_envs = num_envs
     self._on_episode = on_episode
     self._env_step = env_step
     self._tracker = EpisodeTracker(num_envs)
@@ -207,16 +205,20 @@ class VectorEnvironmentLoop(environment_loop.EnvironmentLoop):
 
   def run(self, num_episodes: Optional[int] = None,
           num_steps: Optional[int] = None):
-    """acme's ``run``, returning early once ``should_stop()`` ended an episode."""
-    episodes = 0
-    while not (num_episodes is not None and episodes >= num_episodes):
+    """acme's ``run`` (loop episodes, or at least ``num_steps`` vector steps),
+    returning early once ``should_stop()`` ended an episode."""
+    if not (num_episodes is None or num_steps is None):
+      raise ValueError('Either "num_episodes" or "num_steps" should be None.')
+    episodes = steps = 0
+    while not ((num_episodes is not None and episodes >= num_episodes) or
+               (num_steps is not None and steps >= num_steps)):
       result = self.run_episode()
       episodes += 1
+      steps += result['episode_length']
       self._logger.write(result)
       if self.stopped or self._should_stop():
         self.stopped = False
         return
-    del num_steps
 
 
 def run_eval_episodes(actor, environment: VectorEnvironment,
