@@ -2,9 +2,9 @@
 
 `DreamerLearner.step()` is one gradient update of the synchronous loop:
 
-  batch = next(iterator)                 # ReplaySampler.sample_train: online
-                                         # queue first, then uniform (5.3, 5.4),
-                                         # context latents overlaid (5.8)
+  batch = next(iterator)                 # ReplayIterator: online queue first,
+                                         # then uniform (5.3, 5.4), one batch
+                                         # ahead (6.3b), latents overlaid (5.8)
   state, metrics, outs = update(state, batch)    # agent.learning (Algorithm J)
   write_back(batch['step_id'][:, 1:], outs)      # fresh posteriors (5.9),
                                                  # computed with pre-update params
@@ -22,9 +22,11 @@ later updates. ``save()`` / ``restore()`` round-trip the full
 ``TrainingState`` (params, slow critic, optimizer, return normaliser, update
 count, rng) as numpy trees.
 
-For a separate learner process later: the iterator only needs ``__next__``
-and ``write_back`` (``ReplayIterator`` over a ``ReplaySampler`` on a Reverb
-client), and the learner is the ``core.VariableSource`` of the actors.
+The same learner runs in one process (``agent.local.DreamerAgent``) and as
+the Launchpad learner node (``experiments/lp_nodes.py``): the iterator only
+needs ``__next__`` and ``write_back`` (``ReplayIterator`` over a
+``ReplaySampler`` on a Reverb client), and the learner is the
+``core.VariableSource`` of the actors.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The Launchpad program (experiments/distributed.py, experiments/launch_dmc.py).
 
 Fast tests build the lp.Program without launching it and exercise the pieces
-the nodes are made of (SliceAdder, PrefetchIterator, BufferedCounter) on an
+the nodes are made of (worker-offset adders, the prefetching ReplayIterator,
+SyncedCounter) on an
 in-process Reverb server. The slow test launches the real local_mp program
 (tiny model, 2 actors) as a subprocess: it must train, checkpoint, stop by the
 step limiter and leave no process behind.
