@@ -27,7 +27,9 @@ it over ``experiments.env_loop.VectorEnvironment``:
   inside the policy step (spec 2.2, 7.1): nothing else is needed at episode
   starts, and ``observe_first`` only resets the carry to zeros for all envs.
 * The stored step t (agent/types.py layout) is obs_t, the UNCLIPPED sampled
-  action a_t zeroed where obs_t is_last (spec 7.2, 7.4; the env clips), reward,
+  action a_t zeroed where obs_t is_last (spec 7.2, 7.4; the env clips), or
+  for a discrete action space its one-hot while the env gets the index
+  (spec 3.14), the reward,
   the flags and the packed posterior latents of obs_t (spec 5.7). The env
   receives the raw sample; ``experiments.envs`` clips and rescales it.
 * ``observe`` adds the N steps one env at a time and calls ``on_add(worker)``
@@ -47,13 +49,11 @@ only ever reads ``variable_client.params``.
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import dm_env
 import jax
-import jax.numpy as jnp
 import numpy as np
 from acme import core
 
@@ -164,7 +164,9 @@ class DreamerActor(core.Actor):
       self.observe(self.select_action(last), None)
 
   def select_action(self, observation) -> np.ndarray:
-    """One policy call for all N envs; returns the raw actions [N, A] float32.
+    """One policy call for all N envs; returns the raw actions [N, A] float32,
+    or for a discrete action space the indices [N] int64 of the sampled
+    one-hots (which are what is stored, spec 3.14).
 
     Stages obs_t, a_t and the posterior latents of obs_t for ``observe``.
     """
@@ -194,10 +196,12 @@ class DreamerActor(core.Actor):
           'finite (nothing was sent to the env or written to the replay)')
     self._carry = carry
     self.num_policy_calls += 1
+    # Discrete (spec 3.14): the env gets the index, the replay the one-hot.
+    out = action.argmax(-1).astype(np.int64) if self._spaces.discrete else action
     if self._adder is not None:
       self._staged = {'obs': obs, 'obs_in': obs_in, 'action': action,
-                      'latent': latent}
-    return action
+                      'latent': latent, 'returned': out}
+    return out
 
   def observe(self, action, next_timestep) -> None:
     """Writes step t (obs_t, stored a_t, latents_t) of every env to the adder.
@@ -213,8 +217,8 @@ class DreamerActor(core.Actor):
     if self._staged is None:
       raise RuntimeError('observe() called without a preceding select_action()')
     staged, self._staged = self._staged, None
-    if action is not None and action is not staged['action']:
-      if not np.array_equal(np.asarray(action, np.float32), staged['action']):
+    if action is not None and action is not staged['returned']:
+      if not np.array_equal(np.asarray(action), staged['returned']):
         raise ValueError('observe() got an action that select_action() did not '
                          'return')
     steps = self.make_steps(staged['obs'], staged['obs_in'], staged['action'],

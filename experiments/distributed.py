@@ -277,12 +277,7 @@ class VersionedVariableClient:
 def make_environment(spec: ProgramSpec, num_envs: int, seed: int,
                      first_index: int = 0):
   """``VectorEnvironment`` whose env i is seeded ``seed * 1000 + first_index + i``."""
-  from experiments import env_loop
-  from experiments import envs as envs_lib
-  run = spec.run
-  return env_loop.VectorEnvironment(envs_lib.VectorEnv(
-      run.task, num_envs, run.action_repeat, seed=seed,
-      time_limit=run.time_limit, first_index=first_index))
+  return spec.run.make_env(num_envs, seed, first_index)
 
 
 # --- replay and counter nodes -------------------------------------------------------

@@ -1,33 +1,25 @@
-"""dm_control environments with the DreamerV3 env protocol (spec section 7).
+"""Environments with the DreamerV3 env protocol (spec section 7).
 
-Spec items implemented here:
+Spec items implemented here (the per-env protocol itself is
+``experiments.protocol_env.ProtocolEnv``, shared by every suite):
 
-  7.5  DMC proprio protocol: the 18 tasks, action repeat 2 (rewards summed,
-       stopping early at episode end, reset steps not repeated), every
+  7.5  DMC proprio protocol: the 18 tasks, action repeat 2, every
        dm_control observation key its own float32 vector ('/' -> '_'),
        policy action space [-1, 1], x-axis = agent steps x repeat.
-  7.4  Action handling at the env boundary: ClipAction (outermost, clips to
-       [-1, 1]) then NormalizeAction (maps [-1, 1] to the spec's [low, high]).
-       The env sees the clipped action; the replay stores the unclipped
-       sample, which is the caller's job (this module never sees the replay).
-  7.2  Episode protocol: a reset gives reward 0, is_first True, is_terminal
-       False; is_terminal = (dm_env discount == 0); DMC time-limit ends give
-       is_last True and is_terminal False; the step after is_last is a reset
-       whose obs is is_first of a new episode in the same env slot.
-  7.1  / Algorithm K: N envs stepped in lock-step with a batched obs dict.
-  2.15 Alignment: the reward in an obs is the reward received on entering it
-       (0 at is_first).
+  7.1  / Algorithm K: N envs stepped in lock-step with a batched obs dict
+       (``VectorEnv``), for dm_control tasks, gym tasks or any ``dm_env``
+       factory (``experiments.suites``).
   7.7  Episode scores are returns of the acting policy (EpisodeTracker).
 
-Observation layout: keys are the dm_control observation keys with '/'
-replaced by '_', values float32. dm_control scalars (shape ()) become shape
-(1,), so every observation key is a vector (rank >= 1); higher-rank arrays
-keep their dm_control shape. Each obs dict also holds 'reward' (float32
-scalar), 'is_first', 'is_last' and 'is_terminal' (bool scalars); a VectorEnv
-obs has the same keys with a leading [N] axis.
+Observation layout: keys are the env's observation keys with '/'
+replaced by '_', values float32; scalars (shape ()) become shape (1,). Each
+obs dict also holds 'reward' (float32 scalar), 'is_first', 'is_last' and
+'is_terminal' (bool scalars); a VectorEnv obs has the same keys with a
+leading [N] axis.
 
-No image is ever rendered (spec 7.5 says to skip the reference's 64x64
-logging image); MUJOCO_GL defaults to 'disable' here unless already set.
+No image is ever rendered for training (spec 7.5 says to skip the reference's
+64x64 logging image); MUJOCO_GL defaults to 'disable' here unless already set
+(``experiments/watch.py`` sets 'egl' to record videos).
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -47,6 +39,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 import agent  # noqa: F401,E402  (project rule: agent before anything acme)
 from agent.types import EnvSpaces  # noqa: E402
+from experiments.protocol_env import ProtocolEnv, check_repeat  # noqa: E402
 
 # Spec 7.5 / 7.7 (paper Table 2 and Table 11): the 18 DMC-proprio tasks, the
 # 20 visual-control tasks minus quadruped walk/run.
@@ -80,7 +73,6 @@ SEED_STRIDE = 1000
 
 # The reference (embodied/envs/dmc.py) spells ball_in_cup as 'cup'.
 _DOMAIN_ALIASES = {'cup': 'ball_in_cup'}
-_RESERVED_KEYS = ('reward', 'is_first', 'is_last', 'is_terminal')
 
 
 def _suite():
@@ -129,14 +121,20 @@ def env_seed(seed: int, index: int) -> int:
   return int(seed) * SEED_STRIDE + int(index)
 
 
-def _check_repeat(action_repeat) -> int:
-  if (isinstance(action_repeat, bool) or not isinstance(action_repeat, (int, np.integer))
-      or action_repeat < 1):
-    raise ValueError(f'action_repeat must be an integer >= 1, got {action_repeat!r}')
-  return int(action_repeat)
+def load_dmc(task: str, seed: Optional[int] = 0, time_limit: Optional[float] = None,
+             environment_kwargs: Optional[dict] = None):
+  """The dm_control environment of ``task`` (seed and time limit in task_kwargs)."""
+  domain, name = parse_task(task)
+  task_kwargs = {'random': seed}
+  if time_limit is not None:
+    if not time_limit > 0:
+      raise ValueError(f'time_limit must be positive seconds, got {time_limit!r}')
+    task_kwargs['time_limit'] = float(time_limit)
+  return _suite().load(domain, name, task_kwargs=task_kwargs,
+                       environment_kwargs=dict(environment_kwargs or {}))
 
 
-class DMCEnv:
+class DMCEnv(ProtocolEnv):
   """One dm_control task with the DreamerV3 env protocol (spec 7.2, 7.4, 7.5).
 
   Usage:
@@ -144,23 +142,11 @@ class DMCEnv:
     obs = env.reset()          # reward 0, is_first True (spec 7.2, 2.15)
     obs = env.step(action)     # action in [-1, 1]^A, shape (A,)
 
-  step(action):
-    * validates the action: shape must be (A,), values finite; otherwise
-      ValueError naming the problem (checked on every call);
-    * if the episode is over (after is_last) or the env was never reset, the
-      step is a reset instead and the action is ignored, as the reference
-      driver sends reset=True after is_last (spec 7.2); the returned obs is
-      is_first with reward 0;
-    * otherwise clips the action to [-1, 1] and maps it to the action spec's
-      [low, high] (ClipAction then NormalizeAction, spec 7.4; dimensions with
-      non-finite bounds pass the clipped value through, as NormalizeAction's
-      mask does), then steps the physics `action_repeat` times summing the
-      rewards, stopping early at is_last / is_terminal (spec 7.5).
-
-  is_last = dm_env TimeStep.last(); is_terminal = (discount == 0) and never
-  True on a first step (spec 7.2). The DMC-proprio tasks never terminate, so
-  their episodes end by the 1000-step time limit: 500 agent steps at repeat 2
-  (+ 1 reset obs) with is_last True and is_terminal False.
+  The protocol itself (action checks, clip + normalize, repeat with early
+  stop, auto-reset after is_last, observation checks) is
+  ``experiments.protocol_env.ProtocolEnv``. The DMC-proprio tasks never
+  terminate, so their episodes end by the 1000-step time limit: 500 agent
+  steps at repeat 2 (+ 1 reset obs) with is_last True and is_terminal False.
 
   seed goes to dm_control as task_kwargs={'random': seed}: the same seed gives
   the same sequence of episodes. time_limit (seconds of simulated time,
@@ -173,168 +159,31 @@ class DMCEnv:
   def __init__(self, task: str, action_repeat: int = DEFAULT_ACTION_REPEAT,
                seed: Optional[int] = 0, time_limit: Optional[float] = None,
                environment_kwargs: Optional[dict] = None):
-    self._repeat = _check_repeat(action_repeat)
-    self._domain, self._task = parse_task(task)
-    self.task = f'{self._domain}_{self._task}'
-    self.seed = seed
-    task_kwargs = {'random': seed}
-    if time_limit is not None:
-      if not time_limit > 0:
-        raise ValueError(f'time_limit must be positive seconds, got {time_limit!r}')
-      task_kwargs['time_limit'] = float(time_limit)
-    self._env = _suite().load(
-        self._domain, self._task, task_kwargs=task_kwargs,
-        environment_kwargs=dict(environment_kwargs or {}))
-
-    spec = self._env.action_spec()
-    if len(spec.shape) != 1:
-      raise ValueError(f'{self.task}: only vector actions are supported, '
-                       f'action spec shape is {spec.shape}')
-    self._act_dim = int(spec.shape[0])
-    low = np.broadcast_to(np.asarray(getattr(spec, 'minimum', -np.inf), np.float64),
-                          spec.shape)
-    high = np.broadcast_to(np.asarray(getattr(spec, 'maximum', np.inf), np.float64),
-                           spec.shape)
-    self._bounded = np.isfinite(low) & np.isfinite(high)
-    self._low = np.where(self._bounded, low, -1.0)
-    self._high = np.where(self._bounded, high, 1.0)
-    self._act_dtype = spec.dtype
-
-    # Observation keys: '/' -> '_', scalars -> (1,) (spec 7.5).
-    self._keys: List[Tuple[str, str, Tuple[int, ...]]] = []
-    shapes: Dict[str, Tuple[int, ...]] = {}
-    for raw_key, arr_spec in self._env.observation_spec().items():
-      key = raw_key.replace('/', '_')
-      shape = tuple(arr_spec.shape) or (1,)
-      if key in shapes:
-        raise ValueError(f'{self.task}: observation keys collide after '
-                         f"'/' -> '_': {key!r}")
-      if key in _RESERVED_KEYS:
-        raise ValueError(f'{self.task}: observation key {key!r} is reserved')
-      shapes[key] = shape
-      self._keys.append((raw_key, key, shape))
-    self._spaces = EnvSpaces(obs=shapes, act_dim=self._act_dim)
-    self._done = True  # a step() before reset() is a reset (spec 7.2)
-    self.control_steps = 0  # dm_control env.step calls made (not resets)
-
-  # --- description -----------------------------------------------------------
-  @property
-  def spaces(self) -> EnvSpaces:
-    """agent.types.EnvSpaces(obs={key: shape}, act_dim=A)."""
-    return self._spaces
-
-  @property
-  def act_dim(self) -> int:
-    return self._act_dim
-
-  @property
-  def action_repeat(self) -> int:
-    return self._repeat
-
-  @property
-  def action_low(self) -> np.ndarray:
-    """The env's own action bounds (what [-1, 1] is mapped to, spec 7.4)."""
-    return self._low.copy()
-
-  @property
-  def action_high(self) -> np.ndarray:
-    return self._high.copy()
-
-  @property
-  def dm_env(self):
-    """The wrapped dm_control environment."""
-    return self._env
-
-  # --- protocol --------------------------------------------------------------
-  def reset(self) -> Dict[str, np.ndarray]:
-    """Start an episode: obs with reward 0, is_first True, is_terminal False."""
-    time_step = self._env.reset()
-    self._done = False
-    return self._obs(time_step, 0.0)
-
-  def step(self, action) -> Dict[str, np.ndarray]:
-    """One agent step (action_repeat env steps); a reset after is_last."""
-    action = self.check_action(action)
-    if self._done:
-      return self.reset()
-    env_action = self.env_action(action, checked=True)
-    reward = 0.0
-    for _ in range(self._repeat):
-      time_step = self._env.step(env_action)
-      self.control_steps += 1
-      reward += float(time_step.reward or 0.0)
-      if time_step.last():  # is_last or is_terminal: stop early (spec 7.5)
-        break
-    self._done = time_step.last()
-    return self._obs(time_step, reward)
-
-  def check_action(self, action) -> np.ndarray:
-    """Validate a policy action; returns it as float64 of shape (A,)."""
-    try:
-      arr = np.asarray(action)
-    except Exception as e:  # ragged nested lists and the like
-      raise ValueError(f'{self.task}: action is not an array: {e}') from e
-    if arr.dtype.kind not in 'biuf':
-      raise ValueError(f'{self.task}: action must be numeric, got dtype {arr.dtype}')
-    if arr.shape != (self._act_dim,):
-      raise ValueError(f'{self.task}: action has shape {arr.shape}, expected '
-                       f'({self._act_dim},)')
-    arr = arr.astype(np.float64)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-      raise ValueError(f'{self.task}: action has non-finite values (NaN/inf) at '
-                       f'indices {np.flatnonzero(bad).tolist()}: {arr.tolist()}')
-    return arr
-
-  def env_action(self, action, checked: bool = False) -> np.ndarray:
-    """What the env sees: clip to [-1, 1], then map to [low, high] (spec 7.4)."""
-    if not checked:
-      action = self.check_action(action)
-    clipped = np.clip(action, -1.0, 1.0)
-    mapped = self._low + (clipped + 1.0) / 2.0 * (self._high - self._low)
-    return np.where(self._bounded, mapped, clipped).astype(self._act_dtype)
-
-  def close(self):
-    close = getattr(self._env, 'close', None)
-    if close is not None:
-      close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
-  def __repr__(self):
-    return (f'DMCEnv({self.task!r}, action_repeat={self._repeat}, '
-            f'seed={self.seed!r})')
-
-  # --- internals -------------------------------------------------------------
-  def _obs(self, time_step, reward: float) -> Dict[str, np.ndarray]:
-    obs = {}
-    observation = time_step.observation
-    for raw_key, key, shape in self._keys:
-      obs[key] = np.asarray(observation[raw_key], np.float32).reshape(shape)
-    first = bool(time_step.first())
-    obs['reward'] = np.float32(0.0 if first else reward)
-    obs['is_first'] = np.bool_(first)
-    obs['is_last'] = np.bool_(time_step.last())
-    obs['is_terminal'] = np.bool_(
-        (not first) and time_step.discount is not None and time_step.discount == 0)
-    return obs
+    check_repeat(action_repeat)
+    domain, name = parse_task(task)
+    super().__init__(load_dmc(task, seed, time_limit, environment_kwargs),
+                     action_repeat, f'{domain}_{name}', seed)
+    if self.discrete:
+      raise ValueError(f'{self.task}: dm_control tasks have continuous actions')
 
 
 class VectorEnv:
-  """N DMCEnv instances in lock-step (spec 7.1, 7.2, Algorithm K).
+  """N envs of one task in lock-step (spec 7.1, 7.2, Algorithm K).
+
+  ``VectorEnv(task, N, ...)`` makes N dm_control envs (``suite='dmc'``), N gym
+  envs (``suite='gym'``) or, given ``env_factory`` (``seed -> dm_env.Environment``,
+  ``experiments.suites``), N of the caller's envs; each is a
+  ``ProtocolEnv``. They must agree on their spaces.
 
   reset() -> obs dict, every value a numpy array with leading [N], all
-  is_first. step(actions [N, A]) -> the same. An env whose previous obs was
+  is_first. step(actions) -> the same; actions are [N, A] floats, or [N]
+  indices for a discrete action space. An env whose previous obs was
   is_last (or that was never reset) is reset instead of stepped, so its next
   obs is is_first with reward 0 (spec 7.2: the driver sends reset=True after
   is_last). An optional `reset` mask [N] (Algorithm K's
   `envs.step(act, reset=obs.is_last)`) resets those envs too. Actions of all
-  N rows are validated (shape, finiteness) even for envs being reset;
-  ValueError names the offending env.
+  N rows are validated (shape, finiteness, index range) even for envs being
+  reset; ValueError names the offending env.
 
   Seeding: env i gets seed * 1000 + first_index + i (env_seed), so
   num_envs <= 1000 keeps seeds of different runs disjoint (first_index: the
@@ -344,27 +193,38 @@ class VectorEnv:
   included, is one agent step (the reference driver counts one step per
   transition, Algorithm K); `agent_steps` sums them over the envs and
   `env_steps = agent_steps * action_repeat`. `control_steps` counts the
-  dm_control steps the envs actually ran (smaller: resets and early stops do
+  inner env steps the envs actually ran (smaller: resets and early stops do
   not run the physics).
   """
 
   def __init__(self, task: str, num_envs: int = DEFAULT_NUM_ENVS,
                action_repeat: int = DEFAULT_ACTION_REPEAT, seed: int = 0,
                time_limit: Optional[float] = None,
-               environment_kwargs: Optional[dict] = None, first_index: int = 0):
+               environment_kwargs: Optional[dict] = None, first_index: int = 0,
+               suite: str = 'dmc', env_factory: Optional[Callable] = None):
+    from experiments import suites
     if (isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer))
         or num_envs < 1):
       raise ValueError(f'num_envs must be an integer >= 1, got {num_envs!r}')
     if num_envs > SEED_STRIDE:
       raise ValueError(f'num_envs must be <= {SEED_STRIDE} (env seeds are '
                        f'seed * {SEED_STRIDE} + i), got {num_envs}')
-    self._repeat = _check_repeat(action_repeat)
+    self._repeat = check_repeat(action_repeat)
     self.num_envs = int(num_envs)
     self.seed = seed
-    self.envs = [DMCEnv(task, self._repeat, seed=env_seed(seed, first_index + i),
-                        time_limit=time_limit,
-                        environment_kwargs=environment_kwargs)
-                 for i in range(self.num_envs)]
+    self.envs = []
+    try:
+      for i in range(self.num_envs):
+        self.envs.append(suites.make_env(
+            suite, task, self._repeat, env_seed(seed, first_index + i),
+            time_limit=time_limit, environment_kwargs=environment_kwargs,
+            env_factory=env_factory))
+        if self.envs[-1].spaces != self.envs[0].spaces:
+          raise ValueError(f'{task}: env {i} has spaces {self.envs[-1].spaces}, '
+                           f'env 0 has {self.envs[0].spaces}')
+    except BaseException:
+      self.close()
+      raise
     self.task = self.envs[0].task
     self._spaces = self.envs[0].spaces
     self._needs_reset = np.ones(self.num_envs, bool)
@@ -442,19 +302,25 @@ class VectorEnv:
       arr = np.asarray(actions)
     except Exception as e:
       raise ValueError(f'{self.task}: actions are not an array: {e}') from e
-    want = (self.num_envs, self.act_dim)
+    discrete = self._spaces.discrete
+    want = (self.num_envs,) if discrete else (self.num_envs, self.act_dim)
     if arr.dtype.kind not in 'biuf':
       raise ValueError(f'{self.task}: actions must be numeric, got dtype {arr.dtype}')
     if arr.shape != want:
       raise ValueError(f'{self.task}: actions have shape {arr.shape}, expected '
-                       f'[num_envs, act_dim] = {want}')
+                       + (f'[num_envs] action indices = {want}' if discrete else
+                          f'[num_envs, act_dim] = {want}'))
     arr = arr.astype(np.float64)
     bad = ~np.isfinite(arr)
+    if discrete:
+      bad |= (arr != np.round(arr)) | (arr < 0) | (arr >= self.act_dim)
     if bad.any():
       rows = sorted(set(np.nonzero(bad)[0].tolist()))
       raise ValueError(f'{self.task}: actions have non-finite values (NaN/inf) '
-                       f'for envs {rows}')
-    return arr
+                       f'for envs {rows}' if not discrete else
+                       f'{self.task}: actions of envs {rows} are not indices in '
+                       f'[0, {self.act_dim}): {arr[rows].tolist()}')
+    return arr.astype(np.int64) if discrete else arr
 
   def _alloc(self) -> Dict[str, np.ndarray]:
     n = self.num_envs
@@ -552,7 +418,8 @@ def measure_steps_per_second(task: str, num_envs: int = DEFAULT_NUM_ENVS,
   start_agent, start_env = envs.agent_steps, envs.env_steps
   t0 = time.perf_counter()
   for _ in range(agent_steps):
-    envs.step(rng.uniform(-1, 1, (num_envs, envs.act_dim)))
+    envs.step(rng.integers(0, envs.act_dim, num_envs) if envs.spaces.discrete
+              else rng.uniform(-1, 1, (num_envs, envs.act_dim)))
   dt = time.perf_counter() - t0
   envs.close()
   return {

@@ -127,7 +127,6 @@ def progress_line(row: Optional[Dict[str, Any]], target: int, wall: float) -> st
 def prepare(run, config, dist):
   """Checks the logdir and the checkpoint to resume; returns a ProgramSpec,
   or a summary dict when the budget was already reached."""
-  from experiments import envs as envs_lib
   from experiments import rundir
   from experiments.distributed import MODE, ProgramSpec
   latest = rundir.validate(run, config, MODE)
@@ -136,8 +135,7 @@ def prepare(run, config, dist):
   if state and state['counts'].get('env_steps', 0) >= run.env_steps:
     return {'checkpoint': latest, 'env_steps': state['counts']['env_steps'],
             'updates': state['learner']['updates'], 'already_done': True}
-  env = envs_lib.DMCEnv(run.task, run.action_repeat, seed=0,
-                        time_limit=run.time_limit)
+  env = run.make_env(1, seed=0)
   spaces = env.spaces
   env.close()
   segment = state['segment'] + 1 if state else 0

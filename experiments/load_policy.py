@@ -4,11 +4,12 @@
   from experiments.envs import VectorEnv
 
   policy = load_policy('runs/quickstart')            # latest checkpoint
-  envs = VectorEnv(policy.task, num_envs=4, action_repeat=policy.action_repeat)
+  envs = VectorEnv(policy.task, num_envs=4, action_repeat=policy.action_repeat,
+                   suite=policy.suite)
   obs = envs.reset()
   policy.reset(num_envs=4)
   for _ in range(500):
-    action = policy.act(obs)                        # [4, A], raw policy output
+    action = policy.act(obs)                        # [4, A] raw output, or [4] indices
     obs = envs.step(action, reset=obs['is_last'])
 
 ``act(obs)`` takes the batched obs dict of ``experiments.envs.VectorEnv``
@@ -42,6 +43,7 @@ class LoadedPolicy:
 
   def __init__(self, params, spaces, config, mode: str = 'sample', seed: int = 0,
                task: Optional[str] = None, action_repeat: Optional[int] = None,
+               suite: str = 'dmc',
                checkpoint: Optional[str] = None, env_steps: Optional[int] = None):
     import jax
     from agent import acting, networks
@@ -52,6 +54,7 @@ class LoadedPolicy:
     self.config = config
     self.mode = mode
     self.task = task
+    self.suite = suite
     self.action_repeat = action_repeat
     self.checkpoint = checkpoint
     self.env_steps = env_steps
@@ -77,7 +80,8 @@ class LoadedPolicy:
     self._first = True
 
   def act(self, obs: Dict[str, Any], mode: Optional[str] = None) -> np.ndarray:
-    """Actions [N, A] for the batched obs dict ``obs`` (see module doc)."""
+    """Actions [N, A] (continuous) or indices [N] (discrete) for the batched
+    obs dict ``obs`` (see module doc)."""
     if self._carry is None:
       raise RuntimeError('call reset(num_envs) before act()')
     mode = mode or self.mode
@@ -106,6 +110,8 @@ class LoadedPolicy:
     action = np.asarray(action)
     if not np.isfinite(action).all():
       raise ValueError('policy produced non-finite actions')
+    if self.spaces.discrete:   # the env takes the index (spec 3.14)
+      return action.argmax(-1).astype(np.int64)
     return action
 
 
@@ -138,6 +144,7 @@ def load_policy(logdir: str, mode: str = 'sample', seed: int = 0,
   task = saved['run'].get('task')
   return LoadedPolicy(state.params, spaces, config, mode=mode, seed=seed,
                       task=task, action_repeat=saved['run'].get('action_repeat'),
+                      suite=saved['run'].get('suite', 'dmc'),
                       checkpoint=ckpt,
                       env_steps=(run_state.get('counters') or
                                  run_state['counts'])['env_steps'])

@@ -35,7 +35,7 @@ from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig  # noqa: E4
 CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
                 'batch_length', 'replay_capacity')
 FLAG_NAMES = (
-    'task', 'size', 'train_ratio', 'action_repeat', 'num_envs', 'env_steps',
+    'suite', 'task', 'size', 'train_ratio', 'action_repeat', 'num_envs', 'env_steps',
     'seed', 'logdir', 'compute_dtype', 'eval_every', 'eval_episodes',
     'eval_policy', 'checkpoint_every', 'log_every', 'progress_every',
     'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
@@ -47,8 +47,12 @@ MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the run flags (and their validators) on ``fv``."""
   F = dict(flag_values=fv)
+  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym'],
+                    'Where --task comes from: dm_control or gym 0.26 '
+                    '(experiments/suites.py).', **F)
   flags.DEFINE_string('task', 'walker_walk',
-                      'dm_control task "domain_task" (spec 7.5 list in experiments/envs.py).', **F)
+                      'dmc: task "domain_task" (spec 7.5 list in '
+                      'experiments/envs.py); gym: a task id like CartPole-v1.', **F)
   flags.DEFINE_enum('size', 'size12m', sorted(SIZE_PRESETS),
                     'Model size preset (spec 2.1); paper protocol size12m.', **F)
   flags.DEFINE_float('train_ratio', 512.0,
@@ -101,8 +105,16 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
 
-  v('task', _task_ok, 'must be a dm_control suite task such as walker_walk '
-    '(run `python -c "from experiments import envs; print(envs.all_task_names())"`)')
+  flags.register_multi_flags_validator(
+      ['suite', 'task'], _task_ok, flag_values=fv,
+      message='--task must be a task of --suite: dmc such as walker_walk (run '
+      '`python -c "from experiments import envs; print(envs.all_task_names())"`), '
+      'gym such as CartPole-v1 or Pendulum-v1')
+  flags.register_multi_flags_validator(
+      ['suite', 'time_limit'],
+      lambda d: d['suite'] == 'dmc' or d['time_limit'] is None, flag_values=fv,
+      message='--time_limit (simulated seconds) is a dm_control setting; gym '
+      'tasks end by their own TimeLimit')
   v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
   v('action_repeat', lambda x: x is not None and x >= 1, 'must be >= 1')
   v('num_envs', lambda x: x is not None and 1 <= x <= 1000, 'must be in [1, 1000]')
@@ -127,12 +139,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     'has its own flag) and a value of that field\'s type')
 
 
-def _task_ok(name) -> bool:
-  if not name:
-    return False
-  from experiments.envs import parse_task
+def _task_ok(values) -> bool:
+  from experiments.suites import check_task
   try:
-    parse_task(name)
+    check_task(values['suite'], values['task'])
   except ValueError:
     return False
   return True
@@ -221,7 +231,7 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
   text = ''.join(fv[name].serialize() + '\n' for name in FLAG_NAMES
                  if fv[name].serialize())
   run = RunConfig(
-      task=fv.task, logdir=os.path.abspath(os.path.expanduser(fv.logdir)),
+      suite=fv.suite, task=fv.task, logdir=os.path.abspath(os.path.expanduser(fv.logdir)),
       env_steps=fv.env_steps, num_envs=fv.num_envs,
       action_repeat=fv.action_repeat, eval_every=fv.eval_every,
       eval_episodes=fv.eval_episodes, eval_policy=fv.eval_policy,
@@ -230,6 +240,67 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
       chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
       report=fv.report, flags_text=text)
   return run, config
+
+
+def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
+          distributed: bool = False, **flag_values):
+  """Trains DreamerV3 on your own environment; returns the run's summary dict.
+
+    import dm_env
+    from experiments.run_dmc import train
+
+    def make_env(seed: int) -> dm_env.Environment:
+      return MyEnv(seed=seed)        # vector obs, bounded or discrete actions
+
+    train(make_env, task='my_env', logdir='runs/my_env',
+          flagfile='experiments/flags/quickstart.flags', env_steps=50_000)
+
+  ``env_factory(seed)`` makes one env (called once per training env, with the
+  seeds a dm_control run would get, and for the eval envs); any
+  ``dm_env.Environment`` with vector observations (an array, or a dict of
+  arrays) and a bounded continuous or a discrete action spec works
+  (``experiments.protocol_env``). ``task`` names the run (logs, reports).
+  ``flagfile`` and the keyword arguments are run_dmc.py's flags (same names
+  and meaning; ``--suite``, ``--task`` and ``--time_limit`` do not apply).
+  Bad values raise ValueError (or ``flags.ValidationError``) before anything
+  is written. ``distributed=True`` runs the Launchpad program instead; then
+  the factory must be picklable (a module-level function). Re-running with
+  the same ``logdir`` and factory resumes.
+  """
+  from experiments import launch_dmc, rundir
+  from experiments import train as train_lib
+  fv = flags.FlagValues()
+  define_flags(fv)
+  launch_dmc.define_distributed_flags(fv)
+  unknown = sorted(set(flag_values) - set(fv))
+  if unknown or {'suite', 'task', 'time_limit', 'logdir'} & set(flag_values):
+    raise ValueError(f'train(): not run flags here: '
+                     f'{unknown or sorted({"suite", "task", "time_limit", "logdir"} & set(flag_values))}')
+  fv(['train'] + ([f'--flagfile={flagfile}'] if flagfile else []) +
+     [f'--logdir={logdir}'])
+  for name, value in flag_values.items():
+    setattr(fv, name, value)           # runs the flag's validators
+  fv.time_limit = None
+  run, config = configs_from_flags(fv)
+  text = ''.join(line + '\n' for line in run.flags_text.splitlines()
+                 if not line.startswith(('--suite=', '--task=', '--time_limit=')))
+  run = dataclasses.replace(
+      run, suite='custom', task=str(task), env_factory=env_factory,
+      flags_text=f'# suite custom (experiments.run_dmc.train), task {task}\n' + text)
+  if distributed:
+    dist = launch_dmc.dist_config_from_flags(fv)
+    if run.num_envs % dist.num_actors:
+      raise ValueError(f'num_envs {run.num_envs} must be a multiple of '
+                       f'num_actors {dist.num_actors}')
+    return launch_dmc.launch(run, config, dist)
+  trainer = train_lib.Trainer(run, config)
+  cache = fv.jax_cache_dir
+  if cache != 'off':
+    rundir.enable_compilation_cache(cache or os.path.join(run.logdir, 'jax_cache'))
+  try:
+    return trainer.run()
+  finally:
+    trainer.close()
 
 
 def main(argv):

@@ -39,7 +39,7 @@ import pickle
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -66,7 +66,8 @@ LOG_FILES = {'metrics_bytes': METRICS_FILE, 'scores_bytes': SCORES_FILE,
 SEGMENT_SEED_STRIDE = 7919
 EVAL_SEED_OFFSET = 1_000_003
 # Run settings that must not change on resume (besides every DreamerConfig field).
-RESUME_FIXED = ('task', 'num_envs', 'action_repeat', 'time_limit', 'chunk_length')
+RESUME_FIXED = ('suite', 'task', 'num_envs', 'action_repeat', 'time_limit',
+                'chunk_length')
 MODES = ('single_process', 'distributed')
 
 
@@ -84,6 +85,7 @@ class RunConfig:
   task: str
   logdir: str
   env_steps: int
+  suite: str = 'dmc'                      # experiments.suites: dmc, gym, custom
   num_envs: int = 16
   action_repeat: int = 2
   eval_every: int = 0
@@ -98,15 +100,37 @@ class RunConfig:
   report: bool = True
   flags_text: str = ''
   verbose: bool = True
+  # suite 'custom': seed -> dm_env.Environment (not saved; give it again to
+  # resume, README "Your own environment").
+  env_factory: Optional[Callable] = dataclasses.field(default=None, repr=False,
+                                                      compare=False)
 
   def __post_init__(self):
     if self.env_steps <= 0:
       raise ValueError(f'--env_steps must be positive, got {self.env_steps}')
     if self.num_envs < 1:
       raise ValueError(f'--num_envs must be >= 1, got {self.num_envs}')
+    from experiments import suites
+    if self.suite == 'custom' and self.env_factory is None:
+      raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
+    if self.suite != 'custom':
+      suites.check_task(self.suite, self.task)
+    if self.suite != 'dmc' and self.time_limit is not None:
+      raise ValueError('--time_limit (simulated seconds) is a dm_control '
+                       f'setting; --suite={self.suite} envs end by their own limits')
     if self.eval_policy not in ('sample', 'mode'):
       raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "
                        f'{self.eval_policy!r}')
+
+  def make_env(self, num_envs: int, seed: int, first_index: int = 0):
+    """``env_loop.VectorEnvironment`` over ``num_envs`` envs of this run's task
+    (env i seeded ``seed * 1000 + first_index + i``)."""
+    from experiments import env_loop
+    from experiments.envs import VectorEnv
+    return env_loop.VectorEnvironment(VectorEnv(
+        self.task, num_envs, self.action_repeat, seed=seed,
+        time_limit=self.time_limit, first_index=first_index, suite=self.suite,
+        env_factory=self.env_factory))
 
   def env_seed(self, seed: int, segment: int, evaluation: bool = False) -> int:
     """Seed of a segment's training (or eval) envs (module constants)."""
@@ -363,8 +387,9 @@ def check_resume_compatible(ckpt: str, run: RunConfig, config) -> None:
     if k in saved['config'] and saved['config'][k] != v:
       diffs.append(f'{k}: saved {saved["config"][k]!r}, given {v!r}')
   for k in RESUME_FIXED:
-    if saved['run'].get(k) != getattr(run, k):
-      diffs.append(f'--{k}: saved {saved["run"].get(k)!r}, given {getattr(run, k)!r}')
+    was = saved['run'].get(k, 'dmc' if k == 'suite' else None)  # older runs: dmc
+    if was != getattr(run, k):
+      diffs.append(f'--{k}: saved {was!r}, given {getattr(run, k)!r}')
   if diffs:
     raise ValueError(
         f'--logdir {run.logdir!r} holds a run with other settings; resume with '

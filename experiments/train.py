@@ -3,6 +3,7 @@
 ``Trainer(run, config).run()`` wires one process from Acme parts:
 
   env    = VectorEnvironment(VectorEnv(task, N))      # dm_env over N envs
+           (dm_control, gym or the caller's factory: experiments.suites)
   server = Reverb server: DreamerBuilder's uniform + online tables, the
            uniform one rate-limited by SampleToInsertRatio ('ratio_sync')
   agent  = DreamerAgent(actor, learner, TrainSchedule)  # acme.agents.agent.Agent
@@ -75,7 +76,6 @@ class Trainer:
     from agent.builder import DreamerBuilder, seed_keys
     from agent.local import DreamerAgent
     from experiments import env_loop
-    from experiments import envs as envs_lib
     from reverb_tables import checkpoint as rckpt
     from reverb_tables import tables as tables_lib
     from reverb_tables.ratio import TrainSchedule
@@ -83,10 +83,7 @@ class Trainer:
     run, c = self.run_config, self.config
     state = rundir.prepare(run, self._resume_from)
     self.segment = state['segment'] + 1 if state else 0
-    self._envs_lib, self._env_loop = envs_lib, env_loop
-    self.env = env_loop.VectorEnvironment(envs_lib.VectorEnv(
-        run.task, run.num_envs, run.action_repeat,
-        seed=run.env_seed(c.seed, self.segment), time_limit=run.time_limit))
+    self.env = run.make_env(run.num_envs, run.env_seed(c.seed, self.segment))
     self.spaces = self.env.spaces
 
     self.builder = DreamerBuilder(c, self.spaces, num_envs=run.num_envs,
@@ -120,10 +117,7 @@ class Trainer:
     self.evaluator = env_loop.Evaluator(
         run, c, self.spaces, self.segment, self.learner,
         self.builder.make_policy(self.networks, evaluation=True),
-        self.keys['eval'], lambda: self.logger,
-        lambda n, seed: env_loop.VectorEnvironment(envs_lib.VectorEnv(
-            run.task, n, run.action_repeat, seed=seed,
-            time_limit=run.time_limit)))
+        self.keys['eval'], lambda: self.logger, run.make_env)
     self.episodes_observer = env_loop.EpisodeObserver(
         run.num_envs, on_episode=self._record_episode,
         env_step=lambda: self.env_steps)
