@@ -348,7 +348,27 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   runs_by_task = load_scores(logdirs)
   anchors = load_anchors(anchors_path)
   plot(runs_by_task, anchors, out_png, binsize=binsize, xmax=xmax)
-  return format_table(summarize(runs_by_task, anchors, last_n), last_n)
+  table = format_table(summarize(runs_by_task, anchors, last_n), last_n)
+  return table + watch_links(logdirs)
+
+
+def watch_links(logdirs: Union[PathLike, Sequence[PathLike]]) -> str:
+  """Markdown links to the videos and open-loop plots that
+  ``experiments/watch.py`` wrote into ``<logdir>/watch/`` ('' if none)."""
+  if isinstance(logdirs, (str, os.PathLike)):
+    logdirs = [logdirs]
+  lines = []
+  for logdir in logdirs:
+    folder = os.path.join(os.fspath(logdir), 'watch')
+    if not os.path.isdir(folder):
+      continue
+    for name in sorted(os.listdir(folder)):
+      path = os.path.join(folder, name)
+      if name.endswith(('.mp4', '.gif')):
+        lines.append(f'- video of the policy: [{name}]({path})')
+      elif name.endswith('.png'):
+        lines.append(f'- world-model open-loop prediction: ![{name}]({path})')
+  return ('\n\nWatching (experiments/watch.py):\n' + '\n'.join(lines)) if lines else ''
 
 
 def main(argv=None) -> int:
