@@ -400,8 +400,12 @@ def check_resume_compatible(ckpt: str, run: RunConfig, config) -> None:
 def validate(run: RunConfig, config, mode: str) -> Optional[str]:
   """Checks the logdir and the checkpoint to resume; writes nothing.
 
-  Returns that checkpoint's path (None for a new run)."""
+  Returns that checkpoint's path (None for a new run). The env is built
+  once and closed first, so an env the agent cannot take (image or
+  non-numeric observations, unsupported action spec,
+  ``experiments.protocol_env``) fails before the logdir is even created."""
   assert mode in MODES, mode
+  run.make_env(1, run.env_seed(0, 0)).close()
   check_logdir_writable(run.logdir)
   latest = latest_run_checkpoint(run.logdir)
   if latest is not None:

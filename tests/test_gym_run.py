@@ -171,6 +171,11 @@ def test_train_entry_point_with_an_env_factory(tmp_path):
   with pytest.raises(ValueError, match='not run flags'):
     run_dmc.train(_toy_factory, **kwargs, tasks=3)
   assert not logdir.exists()
+  from dm_env import specs
+  with pytest.raises(ValueError, match="'pixels'.*image"):
+    run_dmc.train(lambda seed: ToyEnv(obs_spec={
+        'pixels': specs.Array((16, 16, 3), np.uint8)}), **kwargs)
+  assert not logdir.exists()
   summary = run_dmc.train(_toy_factory, **kwargs)
   assert summary['env_steps'] >= 120 and summary['updates'] > 0
   text = (logdir / 'flags.txt').read_text()
