@@ -272,10 +272,11 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
   fv = flags.FlagValues()
   define_flags(fv)
   launch_dmc.define_distributed_flags(fv)
-  unknown = sorted(set(flag_values) - set(fv))
-  if unknown or {'suite', 'task', 'time_limit', 'logdir'} & set(flag_values):
-    raise ValueError(f'train(): not run flags here: '
-                     f'{unknown or sorted({"suite", "task", "time_limit", "logdir"} & set(flag_values))}')
+  bad = sorted((set(flag_values) - set(fv)) |
+               ({'suite', 'task', 'time_limit', 'logdir'} & set(flag_values)))
+  if bad:
+    raise ValueError(f'train(): {bad} are not run flags here (see run_dmc.py '
+                     '--help; suite, task, time_limit and logdir do not apply)')
   fv(['train'] + ([f'--flagfile={flagfile}'] if flagfile else []) +
      [f'--logdir={logdir}'])
   for name, value in flag_values.items():
@@ -289,6 +290,8 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
       flags_text=f'# suite custom (experiments.run_dmc.train), task {task}\n' + text)
   if distributed:
     dist = launch_dmc.dist_config_from_flags(fv)
+    run = dataclasses.replace(run, flags_text=run.flags_text + ''.join(
+        fv[name].serialize() + '\n' for name in launch_dmc.DIST_FLAG_NAMES))
     if run.num_envs % dist.num_actors:
       raise ValueError(f'num_envs {run.num_envs} must be a multiple of '
                        f'num_actors {dist.num_actors}')

@@ -166,8 +166,7 @@ def test_train_entry_point_with_an_env_factory(tmp_path):
   end (eval included), then resumed (nothing to do) with the same factory."""
   logdir = tmp_path / 'toy'
   kwargs = dict(task='toy', logdir=str(logdir), flagfile=SMOKE, action_repeat=1,
-                env_steps=120, eval_every=60, report=False, verbose_flags=None)
-  kwargs.pop('verbose_flags')
+                env_steps=120, eval_every=60, report=False)
   with pytest.raises(ValueError, match='not run flags'):
     run_dmc.train(_toy_factory, **kwargs, tasks=3)
   assert not logdir.exists()
