@@ -66,8 +66,22 @@ def _twohot_neighbours(bins, y):
   return below, above, sg(d_above / total), sg(d_below / total)
 
 
+def _row_max(x):
+  """Max over the last axis as a halving tree of elementwise maxima.
+
+  Exact (max does not depend on order). XLA:CPU fuses the tree into one loop;
+  its own reduction over a wide minor axis is slow (bench: [15360, 255] max
+  0.47 ms vs 2.75 ms; softmax shifts of the 255-bin heads use it).
+  """
+  while x.shape[-1] > 1:
+    n = x.shape[-1]
+    h = (n + 1) // 2
+    x = jnp.maximum(x[..., :h], x[..., n - h:])      # overlap by one if n is odd
+  return x[..., 0]
+
+
 def _logsumexp(logits):
-  m = sg(jnp.max(logits, -1))
+  m = sg(_row_max(logits))
   return m + jnp.log(_row_sum(jnp.exp(logits - m[..., None])))
 
 
@@ -138,7 +152,7 @@ def twohot_loss(logits, target, bins=None, scales=None):
 def twohot_pred(logits, bins=None):
   """Symmetric expectation (spec 1.9): uniform probabilities give exactly 0."""
   logits = logits.astype(f32)
-  e = jnp.exp(logits - sg(jnp.max(logits, -1, keepdims=True)))
+  e = jnp.exp(logits - sg(_row_max(logits))[..., None])
   if bins is not None:                     # any bins: pair k with K-1-k, then sum
     bins = jnp.asarray(bins, f32)
     eb = e * bins

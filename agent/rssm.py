@@ -20,6 +20,7 @@ before the scan.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import haiku as hk
@@ -80,8 +81,8 @@ def _sigmoid(x):
   return 0.5 * jnp.tanh(0.5 * x) + 0.5
 
 
-def _embed(layer, x, eps, w_t=None):
-  return jax.nn.silu(blocks.rms_norm(blocks.dense(x, layer['w'], layer['b'], w_t),
+def _embed(layer, x, eps):
+  return jax.nn.silu(blocks.rms_norm(blocks.dense(x, layer['w'], layer['b']),
                                      layer['scale'], eps))
 
 
@@ -118,30 +119,49 @@ def _block_matmul_bwd(res, g):
 _block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 
-def prepare_core(W, config: DreamerConfig) -> dict:
-  """Loop-invariant kernel layouts for `core`, computed once before a scan.
+# Kernels the scan bodies multiply by, by name (the tap names of `core` and
+# `posterior_logits`), and the layers whose biases / norm scales they also read.
+LOOP_KERNELS = ('dynin0', 'dynin1', 'hid_x', 'hid_d', 'gru', 'obs0_h', 'obslogit')
+_LOOP_LAYERS = ('dynin0', 'dynin1', 'dynhid0', 'dyngru', 'obs0', 'obslogit')
+
+
+def loop_kernels(W, config: DreamerConfig) -> dict:
+  """The loop-invariant kernels of `core` and `posterior_logits`, by name.
 
   dynhid0's kernel [g, D/g + 3H, D/g] splits into its deter rows (block-
-  diagonal) and its x rows; as the same embedding x enters every block, the x
-  rows act as one dense [3H, D] kernel. Same parameters, same maths.
-  Every kernel used inside the observe scan also comes transposed ('..._t',
-  'T'), so the scan's backward multiplies by a prepared W.T (blocks.dense).
+  diagonal, 'hid_d') and its x rows; as the same embedding x enters every
+  block, the x rows act as one dense [3H, D] kernel ('hid_x'). The posterior's
+  first Linear keeps only its h_t rows ('obs0_h'; the token rows are hoisted,
+  `token_projection`). Same parameters, same maths; all in the compute dtype.
   """
   D, H, g = config.deter, config.hidden, config.blocks
   Dg = D // g
-  dtype = config.jnp_compute_dtype
-  kernel = W['dynhid0']['w'].astype(dtype)
-  hid_d = kernel[:, :Dg]
-  gru = W['dyngru']['w'].astype(dtype)
-  hid_x = jnp.transpose(kernel[:, Dg:], (1, 0, 2)).reshape(3 * H, D)
-  return {
-      **W,
-      'hid_d': hid_d, 'hid_d_t': jnp.swapaxes(hid_d, 1, 2),
-      'hid_x': hid_x, 'hid_x_t': hid_x.T,
-      'gru': gru, 'gru_t': jnp.swapaxes(gru, 1, 2),
-      'T': {'dynin0': W['dynin0']['w'].T, 'dynin1': W['dynin1']['w'].T,
-            'obs0_h': W['obs0']['w'][:D].T, 'obslogit': W['obslogit']['w'].T},
+  kernel = W['dynhid0']['w']
+  K = {
+      'dynin0': W['dynin0']['w'], 'dynin1': W['dynin1']['w'],
+      'hid_x': jnp.transpose(kernel[:, Dg:], (1, 0, 2)).reshape(3 * H, D),
+      'hid_d': kernel[:, :Dg], 'gru': W['dyngru']['w'],
+      'obs0_h': W['obs0']['w'][:D], 'obslogit': W['obslogit']['w'],
   }
+  return {n: k.astype(config.jnp_compute_dtype) for n, k in K.items()}
+
+
+def with_kernels(W, K: dict) -> dict:
+  """W plus the loop kernels K ('K') and their transposes ('T').
+
+  Every kernel comes transposed too, so a scan's backward multiplies by a
+  prepared W.T (blocks.dense) instead of re-transposing it every iteration.
+  """
+  return {**W, 'K': K, 'T': {n: jnp.swapaxes(k, -1, -2) for n, k in K.items()}}
+
+
+def prepare_core(W, config: DreamerConfig) -> dict:
+  """Loop-invariant kernel layouts for `core`, computed once before a scan."""
+  return with_kernels(W, loop_kernels(W, config))
+
+
+def _no_tap(name, x, y):
+  return y
 
 
 def to_blocks(x, g: int):
@@ -154,31 +174,47 @@ def from_blocks(xk):
   return jnp.swapaxes(xk, 0, 1).reshape(xk.shape[1], -1)
 
 
-def core(Wc, deter, stoch_flat, x2, config: DreamerConfig):
+def _linear(Wc, name, x, b, tap):
+  """x @ K[name] + b with the prepared transpose; `tap` sees (name, x, y)."""
+  return tap(name, x, blocks.dense(x, Wc['K'][name], b, Wc['T'][name]))
+
+
+def _norm_act(x, scale, eps):
+  return jax.nn.silu(blocks.rms_norm(x, scale, eps))
+
+
+def core(Wc, deter, stoch_flat, x2, config: DreamerConfig, tap=_no_tap):
   """Block-GRU step h_t = f(h_{t-1}, z_{t-1}, a_{t-1}) (Algorithm A, spec 2.4).
 
   Wc = prepare_core(W). deter [B, D], stoch_flat [B, S*C], x2 [B, H] (the
   action embedding). The block maths run in block-major layout [g, B, D/g]
   (batched matmuls with the block axis leading), measured ~1.8x faster on
   XLA:CPU than one '...ki,kio' einsum on [B, g, D/g]; tests/test_rssm.py checks
-  the result against Algorithm A written literally.
+  the result against Algorithm A written literally. `tap(name, x, y)` sees
+  every kernel product (input x, output y) and returns the y to use
+  (`observe`'s backward).
   """
   D, H, g = config.deter, config.hidden, config.blocks
   Dg = D // g
   eps = config.rms_eps
   dtype = deter.dtype
+  K, T = Wc['K'], Wc['T']
   dk = to_blocks(deter, g)                                         # [g, B, Dg]
-  x0 = _embed(Wc['dynin0'], deter, eps, Wc['T']['dynin0'])
-  x1 = _embed(Wc['dynin1'], stoch_flat, eps, Wc['T']['dynin1'])
+  x0 = _norm_act(_linear(Wc, 'dynin0', deter, Wc['dynin0']['b'], tap),
+                 Wc['dynin0']['scale'], eps)
+  x1 = _norm_act(_linear(Wc, 'dynin1', stoch_flat, Wc['dynin1']['b'], tap),
+                 Wc['dynin1']['scale'], eps)
   x = jnp.concatenate([x0, x1, x2.astype(dtype)], -1)            # [B, 3H]
-  hid_x = blocks.dense(x, Wc['hid_x'], Wc['dynhid0']['b'], Wc['hid_x_t'])  # same x, every block
-  hid = _block_matmul(dk, Wc['hid_d'], Wc['hid_d_t']) + to_blocks(hid_x, g)
+  hid_x = _linear(Wc, 'hid_x', x, Wc['dynhid0']['b'], tap)         # same x, every block
+  hid = tap('hid_d', dk, _block_matmul(dk, K['hid_d'], T['hid_d'])) + to_blocks(hid_x, g)
   # RMSNorm over the FULL deter vector (both block axes), f32 statistics.
+  # The sum of squares is a GEMV per block row (blocks.row_sum), then a sum
+  # over the g blocks: XLA:CPU's reduction over (blocks, minor axis) is slower.
   h32 = hid.astype(jnp.float32)
-  ms = jnp.mean(h32 * h32, (0, 2), keepdims=True)
+  ms = (blocks.row_sum(h32 * h32).sum(0) / D)[None, :, None]
   scale = Wc['dynhid0']['scale'].reshape(g, 1, Dg)
   hid = jax.nn.silu((h32 * jax.lax.rsqrt(ms + eps) * scale).astype(dtype))
-  gates = (_block_matmul(hid, Wc['gru'], Wc['gru_t']) +
+  gates = (tap('gru', hid, _block_matmul(hid, K['gru'], T['gru'])) +
            Wc['dyngru']['b'].astype(dtype).reshape(g, 1, 3 * Dg))  # no norm, no act
   r, c, u = jnp.split(gates, 3, -1)                                # per-block [r | c | u]
   r = _sigmoid(r)
@@ -193,13 +229,15 @@ def token_projection(W, tokens, config: DreamerConfig):
   return blocks.dense(tokens, w[config.deter:], W['obs0']['b'])
 
 
-def posterior_logits(W, deter, tok_proj, config: DreamerConfig):
-  """obs0 on concat(h_t, e_t) then obslogit (spec 2.6). Returns raw [B, S, C]."""
-  w = W['obs0']['w']
-  T = W.get('T', {})                          # prepare_core's transposed kernels
-  x = blocks.matmul(deter, w[:config.deter], T.get('obs0_h')) + tok_proj
-  x = jax.nn.silu(blocks.rms_norm(x, W['obs0']['scale'], config.rms_eps))
-  logit = blocks.dense(x, W['obslogit']['w'], W['obslogit']['b'], T.get('obslogit'))
+def posterior_logits(Wc, deter, tok_proj, config: DreamerConfig, tap=_no_tap):
+  """obs0 on concat(h_t, e_t) then obslogit (spec 2.6). Returns raw [B, S, C].
+
+  Wc = prepare_core(W); tok_proj = token_projection(W, e_t) carries obs0's bias.
+  """
+  K, T = Wc['K'], Wc['T']
+  x = tap('obs0_h', deter, blocks.matmul(deter, K['obs0_h'], T['obs0_h'])) + tok_proj
+  x = _norm_act(x, Wc['obs0']['scale'], config.rms_eps)
+  logit = _linear(Wc, 'obslogit', x, Wc['obslogit']['b'], tap)
   return logit.reshape(x.shape[:-1] + (config.stoch, config.classes))
 
 
@@ -211,7 +249,7 @@ def prior_logits(W, deter, config: DreamerConfig):
 
 
 def observe_step(Wc, carry: Latent, tok_proj, x2, is_first, noise,
-                 config: DreamerConfig):
+                 config: DreamerConfig, tap=_no_tap):
   """One filtering step (Algorithm B). carry stoch is [B, S*C] (flat).
 
   Wc = prepare_core(W): the RSSM weights plus loop-invariant kernel layouts.
@@ -221,8 +259,8 @@ def observe_step(Wc, carry: Latent, tok_proj, x2, is_first, noise,
   deter, stoch = carry
   keep = (~is_first)[:, None].astype(deter.dtype)
   deter, stoch = deter * keep, stoch * keep                       # zero state at is_first
-  deter = core(Wc, deter, stoch, x2, config)
-  logit = posterior_logits(Wc, deter, tok_proj, config)
+  deter = core(Wc, deter, stoch, x2, config, tap)
+  logit = posterior_logits(Wc, deter, tok_proj, config, tap)
   sample = dists.onehot_sample(logit, config.unimix, noise=noise)
   stoch = sample.reshape(sample.shape[:-2] + (-1,)).astype(deter.dtype)
   return Latent(deter, stoch), logit
@@ -244,19 +282,104 @@ def observe(W, start: Latent, tokens, prevact, is_first, key, config: DreamerCon
         jnp.swapaxes(is_first, 0, 1), noise)
   carry = Latent(sg(start.deter).astype(dtype),
                  sg(start.stoch).reshape(B, -1).astype(dtype))
-  Wc = prepare_core(W, config)
-
-  def step(carry, inp):
-    tok_t, x2_t, first_t, noise_t = inp
-    carry, logit = observe_step(Wc, carry, tok_t, x2_t, first_t, noise_t, config)
-    return carry, (carry.deter, carry.stoch, logit)
-
-  _, (deter, stoch, logit) = jax.lax.scan(step, carry, xs,
-                                          unroll=config.unroll_for(T))
+  small = {n: {k: v for k, v in W[n].items() if k != 'w'} for n in _LOOP_LAYERS}
+  deter, stoch, logit = _observe_scan(config, loop_kernels(W, config), small, carry, xs)
   deter = jnp.swapaxes(deter, 0, 1)
   stoch = jnp.swapaxes(stoch, 0, 1).reshape(B, T, config.stoch, config.classes)
   logit = jnp.swapaxes(logit, 0, 1)
   return deter, stoch, logit
+
+
+class _Tap:
+  """Adds a (zero) probe to every kernel product in a step and keeps its input."""
+
+  def __init__(self, probes):
+    self.probes, self.inputs = probes, {}
+
+  def __call__(self, name, x, y):
+    self.inputs[name] = x
+    return y + self.probes[name].astype(y.dtype)
+
+
+def _observe_loop(config, K, small, carry, xs, probes=None):
+  """The observe scan proper: time-major (deter, flat stoch, logits) per step.
+
+  With `probes` (a dict of [T, ...] arrays, one per LOOP_KERNELS product,
+  scanned with xs) it also returns every kernel product's input per step.
+  """
+  Wc = with_kernels(small, K)
+
+  def step(carry, inp):
+    if probes is None:
+      tap, (tok_t, x2_t, first_t, noise_t) = _no_tap, inp
+    else:
+      (tok_t, x2_t, first_t, noise_t), p = inp
+      tap = _Tap(p)
+    carry, logit = observe_step(Wc, carry, tok_t, x2_t, first_t, noise_t, config, tap)
+    ys = (carry.deter, carry.stoch, logit)
+    return carry, (ys if probes is None else (ys, tap.inputs))
+
+  T = xs[0].shape[0]
+  _, ys = jax.lax.scan(step, carry, xs if probes is None else (xs, probes),
+                       unroll=config.unroll_for(T))
+  return ys
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _observe_scan(config, K, small, carry, xs):
+  """`_observe_loop` whose kernel gradients are taken after the loop.
+
+  Plain autodiff of the scan accumulates each kernel's gradient in the scan's
+  backward carry: per step, a [B]-row outer product the size of the kernel,
+  read and written back (at size12m about 18 MB per step, 64 steps). Here the
+  backward scan instead returns, per step, the cotangent of every kernel
+  product (through zero probes added to the products), and each kernel's
+  gradient is one matmul over all T * B rows afterwards:
+  dK = sum_t x_t^T g_t, the same sum in another order (f32 rounding).
+  Biases, norm scales, inputs and the carry differentiate as usual.
+  """
+  return _observe_loop(config, K, small, carry, xs)
+
+
+def _probe_shapes(config, K, B):
+  g = config.blocks
+  out = {}
+  for name, k in K.items():
+    out[name] = (g, B, k.shape[-1]) if k.ndim == 3 else (B, k.shape[-1])
+  return out
+
+
+def _observe_scan_fwd(config, K, small, carry, xs):
+  T, B = xs[2].shape
+  dtype = config.jnp_compute_dtype
+  probes = {n: jnp.zeros((T,) + s, dtype)
+            for n, s in _probe_shapes(config, K, B).items()}
+  Ksg = jax.tree_util.tree_map(sg, K)
+
+  def loop(small, carry, xs, probes):
+    ys, inputs = _observe_loop(config, Ksg, small, carry, xs, probes)
+    return ys, inputs
+
+  ys, vjp, inputs = jax.vjp(loop, small, carry, xs, probes, has_aux=True)
+  return ys, (vjp, inputs)
+
+
+def _observe_scan_bwd(config, res, g):
+  vjp, inputs = res
+  d_small, d_carry, d_xs, d_probes = vjp(g)
+  dK = {}
+  for name, x in inputs.items():
+    gy = d_probes[name]
+    if x.ndim == 4:                                     # block kernels: [T, g, B, i]
+      dk = jnp.einsum('tkbi,tkbo->kio', x, gy, preferred_element_type=jnp.float32)
+    else:
+      dk = jnp.dot(x.reshape(-1, x.shape[-1]).T, gy.reshape(-1, gy.shape[-1]),
+                   preferred_element_type=jnp.float32)
+    dK[name] = dk.astype(config.jnp_compute_dtype)     # = loop_kernels' dtype
+  return dK, d_small, d_carry, d_xs
+
+
+_observe_scan.defvjp(_observe_scan_fwd, _observe_scan_bwd)
 
 
 def imagine(W, start_feat, policy_fn, policy_noise, key, config: DreamerConfig):
