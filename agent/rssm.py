@@ -15,7 +15,9 @@ Hoisting is exact algebra, not an approximation:
     embedding x in every block, so its output is the block-diagonal product on
     deter plus one dense product of x with the kernel's x-rows (no repeat).
 Sampling noise (one uniform per latent, inverse CDF) for all steps is drawn
-before the scan.
+before the scan. The observe scan's backward takes its kernel gradients after
+the loop, one matmul per kernel over all T * B rows (`_observe_scan`, a custom
+VJP), instead of accumulating them in the scan carry step by step.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def core(Wc, deter, stoch_flat, x2, config: DreamerConfig, tap=_no_tap):
   every kernel product (input x, output y) and returns the y to use
   (`observe`'s backward).
   """
-  D, H, g = config.deter, config.hidden, config.blocks
+  D, g = config.deter, config.blocks
   Dg = D // g
   eps = config.rms_eps
   dtype = deter.dtype
@@ -357,8 +359,7 @@ def _observe_scan_fwd(config, K, small, carry, xs):
   Ksg = jax.tree_util.tree_map(sg, K)
 
   def loop(small, carry, xs, probes):
-    ys, inputs = _observe_loop(config, Ksg, small, carry, xs, probes)
-    return ys, inputs
+    return _observe_loop(config, Ksg, small, carry, xs, probes)   # (ys, inputs)
 
   ys, vjp, inputs = jax.vjp(loop, small, carry, xs, probes, has_aux=True)
   return ys, (vjp, inputs)
