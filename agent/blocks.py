@@ -139,6 +139,22 @@ def row_sum(x):
   return (x @ jnp.ones((x.shape[-1], 1), x.dtype))[..., 0]
 
 
+def sum_of_squares(x):
+  """sum(x ** 2) over every element of a tensor, in f32.
+
+  A GEMV per row (row_sum), then a short sum over the rows: XLA:CPU reduces a
+  whole large tensor to a scalar at about 5 GB/s on the 2-core host, the GEMV
+  several times faster (the 85 parameter tensors of size12m: 4.6 ms as
+  jnp.sum(jnp.square(x)), 12.6 ms as jnp.linalg.norm, 1.05 ms this way).
+  The same sum in another order (f32 rounding).
+  """
+  x = x.astype(jnp.float32)
+  if x.ndim < 2:
+    return jnp.sum(x * x)
+  x = x.reshape(-1, x.shape[-1])
+  return jnp.sum(row_sum(x * x))
+
+
 def _rms_fwd(x, scale, eps):
   r = jax.lax.rsqrt(row_sum(x * x)[..., None] / x.shape[-1] + eps)
   return x * r * scale, (x, r, scale)

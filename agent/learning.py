@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agent import actor_critic as ac
+from agent import blocks
 from agent import distributions as dists
 from agent import latents as latents_lib
 from agent import networks as nets_lib
@@ -173,7 +174,7 @@ def _tree_all_finite(tree):
 
 
 def _global_norm(tree):
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
+  return jnp.sqrt(sum(blocks.sum_of_squares(x) for x in jax.tree_util.tree_leaves(tree)))
 
 
 class TrainStep(NamedTuple):

@@ -14,6 +14,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from agent import blocks
+
+
+def tensor_norm(x):
+  """||x||_2 over the whole tensor (blocks.sum_of_squares: a GEMV-based sum)."""
+  return jnp.sqrt(blocks.sum_of_squares(x))
+
 
 def clip_by_agc(clip: float = 0.3, pmin: float = 1e-3) -> optax.GradientTransformation:
   """Adaptive gradient clipping per TENSOR (spec 4.4): not NFNet's unit-wise AGC.
@@ -30,8 +37,8 @@ def clip_by_agc(clip: float = 0.3, pmin: float = 1e-3) -> optax.GradientTransfor
       raise ValueError('clip_by_agc needs params: call update(grads, state, params)')
 
     def one(g, p):
-      upper = clip * jnp.maximum(pmin, jnp.linalg.norm(p.reshape(-1)))
-      return g / jnp.maximum(1.0, jnp.linalg.norm(g.reshape(-1)) / upper)
+      upper = clip * jnp.maximum(pmin, tensor_norm(p))
+      return g / jnp.maximum(1.0, tensor_norm(g) / upper)
 
     return jax.tree_util.tree_map(one, grads, params), state
 

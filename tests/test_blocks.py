@@ -86,3 +86,14 @@ def test_rms_norm_values_and_gradients_match_plain_formula():
   assert yb.dtype == jnp.bfloat16
   np.testing.assert_allclose(yb.astype(jnp.float32), plain(xb.astype(jnp.float32), scale),
                              rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize('shape', [(), (7,), (2560, 256), (8, 256, 768), (3, 5, 1)])
+def test_sum_of_squares_is_the_plain_sum(shape):
+  """The GEMV-based sum of squares (optimizer AGC and the norm metrics) equals
+  jnp.sum(x ** 2) up to f32 summation order."""
+  x = jax.random.normal(jax.random.PRNGKey(0), shape, jnp.float32)
+  got = jax.jit(blocks.sum_of_squares)(x)
+  np.testing.assert_allclose(got, np.sum(np.square(np.asarray(x, np.float64))),
+                             rtol=1e-5)
+  assert got.shape == () and got.dtype == jnp.float32
