@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Sequence
 
 import haiku as hk
 import jax

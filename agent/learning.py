@@ -19,7 +19,6 @@ update (params, optimizer, normaliser and slow critic unchanged) and reports
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, NamedTuple
 
 import chex
