@@ -374,8 +374,7 @@ def _observe_scan_bwd(config, res, g):
     if x.ndim == 4:                                     # block kernels: [T, g, B, i]
       dk = jnp.einsum('tkbi,tkbo->kio', x, gy, preferred_element_type=jnp.float32)
     else:
-      dk = jnp.dot(x.reshape(-1, x.shape[-1]).T, gy.reshape(-1, gy.shape[-1]),
-                   preferred_element_type=jnp.float32)
+      dk = blocks.weight_grad(x.astype(jnp.float32), gy.astype(jnp.float32))
     dK[name] = dk.astype(config.jnp_compute_dtype)     # = loop_kernels' dtype
   return dK, d_small, d_carry, d_xs
 

@@ -97,3 +97,17 @@ def test_sum_of_squares_is_the_plain_sum(shape):
   np.testing.assert_allclose(got, np.sum(np.square(np.asarray(x, np.float64))),
                              rtol=1e-5)
   assert got.shape == () and got.dtype == jnp.float32
+
+
+@pytest.mark.parametrize('x_shape,o', [((1024, 640), 64), ((15, 64, 256), 64),
+                                       ((512, 64), 255), ((8, 16, 128), 64)])
+def test_weight_grad_is_x_transpose_g(x_shape, o):
+  """Both forms of the weight gradient (transposed-g GEMM for narrowing layers,
+  plain x^T g otherwise) give x^T g over all leading rows."""
+  x = jax.random.normal(jax.random.PRNGKey(0), x_shape, jnp.float32)
+  g = jax.random.normal(jax.random.PRNGKey(1), x_shape[:-1] + (o,), jnp.float32)
+  got = jax.jit(blocks.weight_grad)(x, g)
+  want = (np.asarray(x, np.float64).reshape(-1, x_shape[-1]).T
+          @ np.asarray(g, np.float64).reshape(-1, o))
+  assert got.shape == (x_shape[-1], o)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
