@@ -32,6 +32,7 @@ flags.DEFINE_integer('pairs', 5, 'Pairs to run.')
 flags.DEFINE_integer('updates', None, 'Timed updates per process (default 15 for '
                      'size1m, 6 otherwise).')
 flags.mark_flags_as_required(['official_python', 'src'])
+flags.register_validator('pairs', lambda n: n >= 1, message='--pairs must be >= 1')
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _MEDIAN = re.compile(r'update_s_median=([0-9.]+)')
@@ -55,9 +56,10 @@ def main(argv):
             f'--src={FLAGS.src}', f'--size={FLAGS.size}', f'--updates={updates}']
   ratios = []
   for i in range(FLAGS.pairs):
-    order = (ours, theirs) if i % 2 == 0 else (theirs, ours)
-    t = {id(cmd): _time(cmd) for cmd in order}
-    o, f = t[id(ours)], t[id(theirs)]
+    if i % 2 == 0:
+      o, f = _time(ours), _time(theirs)
+    else:
+      f, o = _time(theirs), _time(ours)
     ratios.append(f / o)
     print(f'pair {i + 1}: ours {o:.3f} s | official {f:.3f} s -> {f / o:.2f}x', flush=True)
   print(f'size={FLAGS.size} pairs={len(ratios)} ratio median={statistics.median(ratios):.2f}x '
