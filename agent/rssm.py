@@ -219,26 +219,41 @@ def core(Wc, deter, stoch_flat, x2, config: DreamerConfig, tap=_no_tap):
 def _gru_update(gates, deter, g: int):
   """h' = u * tanh(r * c) + (1 - u) * h per block (spec 2.4, [r | c | u]).
 
-  gates [g, B, 3 D/g] block-major, deter [B, D]. Each block's update is
-  written straight into its column slice of the [B, D] result, against
-  deter's own slice: no block-major copy of h and no [g, B, D/g] -> [B, D]
-  transpose.
+  gates [g, B, 3 D/g] block-major, deter [B, D]; returns [B, D].
+
+  With many rows (imagination: B = 1,024 starts) each block's update is
+  written straight into its column slice of the result, against deter's own
+  slice: no block-major copy of h and no [g, B, D/g] -> [B, D] transpose.
   XLA:CPU fuses such a transpose into this elementwise chain as one loop
   fusion that runs about 10x slower than the chain alone: 1.4 ms per
-  imagination step at size1m, 8.5 ms at size12m (per-op trace,
-  bench/results/learner_cpu_2core.txt). This form takes about 0.8 / 3.2 ms
-  (the g block updates, then their concatenation); full update 0.89x at
-  size1m, 0.95x at size12m (in-process A/B).
+  imagination step at size1m, 8.5 ms at size12m (bench/op_profile.py); the
+  per-block form takes about 0.8 / 3.2 ms (the g block updates, then their
+  concatenation). With few rows (the observe scan and acting: B = 16) that
+  fusion is cheap and the g-fold ops cost more: the block-major form there
+  measured 0.974x (size1m) and 0.968x (size12m) the update time of per-block
+  everywhere, and keeps the observe step at 94 forward ops instead of 200
+  (bench/hlo_ops.py; ops are kernel launches on an accelerator).
   """
-  Dg = gates.shape[-1] // 3
-  out = []
-  for k in range(g):
-    r, c, u = jnp.split(gates[k], 3, -1)
-    r = _sigmoid(r)
-    c = jnp.tanh(r * c)
-    u = _sigmoid(u - 1)
-    out.append(u * c + (1 - u) * deter[:, k * Dg:(k + 1) * Dg])
-  return jnp.concatenate(out, -1)
+  if deter.shape[0] >= _PER_BLOCK_MIN_ROWS:
+    Dg = gates.shape[-1] // 3
+    out = []
+    for k in range(g):
+      r, c, u = jnp.split(gates[k], 3, -1)
+      r = _sigmoid(r)
+      c = jnp.tanh(r * c)
+      u = _sigmoid(u - 1)
+      out.append(u * c + (1 - u) * deter[:, k * Dg:(k + 1) * Dg])
+    return jnp.concatenate(out, -1)
+  r, c, u = jnp.split(gates, 3, -1)
+  r = _sigmoid(r)
+  c = jnp.tanh(r * c)
+  u = _sigmoid(u - 1)
+  new = u * c + (1 - u) * to_blocks(deter, g)
+  return jnp.swapaxes(new, 0, 1).reshape(deter.shape)
+
+
+# Rows from which `_gru_update` writes per block (measured at 16 and 1,024 rows).
+_PER_BLOCK_MIN_ROWS = 256
 
 
 def token_projection(W, tokens, config: DreamerConfig):

@@ -38,16 +38,18 @@ def setup():
   return c, nets, W
 
 
-def test_core_matches_algorithm_a(setup):
-  """spec 2.4: the hoisted, block-major core equals Algorithm A literally."""
+@pytest.mark.parametrize('B', [5, rssm._PER_BLOCK_MIN_ROWS + 3])
+def test_core_matches_algorithm_a(setup, B):
+  """spec 2.4: the hoisted, block-major core equals Algorithm A literally, with
+  the gate update block-major (few rows) and per block (many rows)."""
   c, _, W = setup
   k = jax.random.split(jax.random.PRNGKey(1), 3)
-  deter = jax.random.normal(k[0], (5, c.deter))
-  stoch = jax.nn.one_hot(jax.random.randint(k[1], (5, c.stoch), 0, c.classes), c.classes)
-  action = 2 * jax.random.normal(k[2], (5, 6))
-  x2 = rssm.embed_action(W['dyn'], action, jnp.zeros(5, bool), c)
-  got = rssm.core(rssm.prepare_core(W['dyn'], c), deter, stoch.reshape(5, -1), x2, c)
-  ref = literal_core(W['dyn'], deter, stoch.reshape(5, -1), action, c)
+  deter = jax.random.normal(k[0], (B, c.deter))
+  stoch = jax.nn.one_hot(jax.random.randint(k[1], (B, c.stoch), 0, c.classes), c.classes)
+  action = 2 * jax.random.normal(k[2], (B, 6))
+  x2 = rssm.embed_action(W['dyn'], action, jnp.zeros(B, bool), c)
+  got = rssm.core(rssm.prepare_core(W['dyn'], c), deter, stoch.reshape(B, -1), x2, c)
+  ref = literal_core(W['dyn'], deter, stoch.reshape(B, -1), action, c)
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
