@@ -213,13 +213,22 @@ def core(Wc, deter, stoch_flat, x2, config: DreamerConfig, tap=_no_tap):
   hid = jax.nn.silu((h32 * jax.lax.rsqrt(ms + eps) * scale).astype(dtype))
   gates = (tap('gru', hid, _block_matmul(hid, K['gru'], T['gru'])) +
            Wc['dyngru']['b'].astype(dtype).reshape(g, 1, 3 * Dg))  # no norm, no act
-  return _gru_update(gates, deter, g).astype(dtype)
+  return _gru_update(gates, deter, dk, g).astype(dtype)
 
 
-def _gru_update(gates, deter, g: int):
+def _gate(gates, h):
+  """u * tanh(r * c) + (1 - u) * h from gates [..., 3 n] = [r | c | u] (spec 2.4)."""
+  r, c, u = jnp.split(gates, 3, -1)
+  c = jnp.tanh(_sigmoid(r) * c)
+  u = _sigmoid(u - 1)
+  return u * c + (1 - u) * h
+
+
+def _gru_update(gates, deter, dk, g: int):
   """h' = u * tanh(r * c) + (1 - u) * h per block (spec 2.4, [r | c | u]).
 
-  gates [g, B, 3 D/g] block-major, deter [B, D]; returns [B, D].
+  gates [g, B, 3 D/g] block-major, deter [B, D] and the same state block-major
+  dk [g, B, D/g]; returns [B, D].
 
   With many rows (imagination: B = 1,024 starts) each block's update is
   written straight into its column slice of the result, against deter's own
@@ -236,20 +245,9 @@ def _gru_update(gates, deter, g: int):
   """
   if deter.shape[0] >= _PER_BLOCK_MIN_ROWS:
     Dg = gates.shape[-1] // 3
-    out = []
-    for k in range(g):
-      r, c, u = jnp.split(gates[k], 3, -1)
-      r = _sigmoid(r)
-      c = jnp.tanh(r * c)
-      u = _sigmoid(u - 1)
-      out.append(u * c + (1 - u) * deter[:, k * Dg:(k + 1) * Dg])
-    return jnp.concatenate(out, -1)
-  r, c, u = jnp.split(gates, 3, -1)
-  r = _sigmoid(r)
-  c = jnp.tanh(r * c)
-  u = _sigmoid(u - 1)
-  new = u * c + (1 - u) * to_blocks(deter, g)
-  return jnp.swapaxes(new, 0, 1).reshape(deter.shape)
+    return jnp.concatenate(
+        [_gate(gates[k], deter[:, k * Dg:(k + 1) * Dg]) for k in range(g)], -1)
+  return jnp.swapaxes(_gate(gates, dk), 0, 1).reshape(deter.shape)
 
 
 # Rows from which `_gru_update` writes per block (measured at 16 and 1,024 rows).
