@@ -22,28 +22,12 @@ import jax
 
 from agent import config as config_lib
 from agent import learning, networks, synthetic
+from bench import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('size', 'size1m', 'Size preset.')
 
 _FREE = ('parameter', 'get-tuple-element', 'tuple', 'bitcast', 'constant')
-
-
-def _computations(text: str):
-  """({computation name: its instruction lines}, the ENTRY computation's name)."""
-  comps, cur, entry = {}, None, None
-  for line in text.splitlines():
-    m = re.match(r'^(ENTRY )?%(\S+) ', line)
-    if m and line.rstrip().endswith('{'):
-      cur = m.group(2)
-      comps[cur] = []
-      if m.group(1):
-        entry = cur
-    elif line.startswith('}'):
-      cur = None
-    elif cur:
-      comps[cur].append(line)
-  return comps, entry
 
 
 def _ops(lines):
@@ -61,7 +45,7 @@ def main(_):
   ts = learning.make_train_step(networks.make_networks(spaces, c))
   state = ts.init(jax.random.PRNGKey(0))
   text = ts.update.lower(state, synthetic.make_batch(spaces, c)).compile().as_text()
-  comps, entry = _computations(text)
+  comps, entry = common.computations(text)
   total = _ops(comps[entry])
   print(f'size={c.size} backend={jax.default_backend()} ops outside the loops: {total}')
   for name, lines in comps.items():

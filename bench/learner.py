@@ -23,24 +23,13 @@ import numpy as np
 
 from agent import config as config_lib
 from agent import learning, memory, networks, synthetic
+from bench import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('size', 'size1m', 'Size preset.')
 flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 flags.DEFINE_integer('updates', 10, 'Timed updates after warm-up.')
 flags.DEFINE_integer('warmup', 2, 'Untimed updates after compilation.')
-
-
-def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
-  """Measured f32 matmul throughput of this machine (XLA CPU)."""
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  t = time.perf_counter()
-  for _ in range(reps):
-    out = f(a)
-  out.block_until_ready()
-  return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
 
 
 def count_flops(spaces, config, state, batch) -> float:
@@ -83,7 +72,7 @@ def main(_):
   faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / len(times)
   med = statistics.median(times)
   peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  mm = matmul_gflops()
+  mm = common.matmul_gflops()
   print(f'compile_s={compile_s:.1f}')
   print(f'update_s_median={med:.3f} (min {min(times):.3f}, max {max(times):.3f}, n={len(times)})')
   print(f'flops_per_update={flops / 1e9:.1f} GFLOP (XLA cost analysis, scans unrolled)')
