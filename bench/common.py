@@ -9,6 +9,17 @@ import agent  # noqa: F401  (jax compat first)
 import jax
 import jax.numpy as jnp
 
+from agent import learning, networks, synthetic
+from agent.config import DreamerConfig
+
+
+def update_hlo(config: DreamerConfig) -> str:
+  """The optimised HLO text of one learner update (walker-like spaces), as compiled."""
+  spaces = synthetic.WALKER_SPACES
+  ts = learning.make_train_step(networks.make_networks(spaces, config))
+  state = ts.init(jax.random.PRNGKey(0))
+  return ts.update.lower(state, synthetic.make_batch(spaces, config)).compile().as_text()
+
 
 def computations(text: str):
   """({computation name: its instruction lines}, the ENTRY computation's name)."""

@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from agent import config as config_lib
-from agent import learning, networks, synthetic
 from bench import common
 
 FLAGS = flags.FLAGS
@@ -176,10 +175,7 @@ def time_dot(sig, seconds: float) -> float:
 
 def main(_):
   c = config_lib.make_config(size=FLAGS.size)
-  spaces = synthetic.WALKER_SPACES
-  ts = learning.make_train_step(networks.make_networks(spaces, c))
-  state = ts.init(jax.random.PRNGKey(0))
-  text = ts.update.lower(state, synthetic.make_batch(spaces, c)).compile().as_text()
+  text = common.update_hlo(c)
   dots = collect_dots(text)
   distinct = collections.defaultdict(lambda: [0, collections.Counter(), set()])
   for sig, n, part, src in dots:

@@ -21,7 +21,6 @@ import agent  # noqa: F401  (jax compat first)
 import jax
 
 from agent import config as config_lib
-from agent import learning, networks, synthetic
 from bench import common
 
 FLAGS = flags.FLAGS
@@ -41,10 +40,7 @@ def _ops(lines):
 
 def main(_):
   c = config_lib.make_config(size=FLAGS.size)
-  spaces = synthetic.WALKER_SPACES
-  ts = learning.make_train_step(networks.make_networks(spaces, c))
-  state = ts.init(jax.random.PRNGKey(0))
-  text = ts.update.lower(state, synthetic.make_batch(spaces, c)).compile().as_text()
+  text = common.update_hlo(c)
   comps, entry = common.computations(text)
   total = _ops(comps[entry])
   print(f'size={c.size} backend={jax.default_backend()} ops outside the loops: {total}')
