@@ -54,6 +54,15 @@ def val_params(params):
   return {k: v for k, v in params.items() if nets_lib.module_of(k) == 'val'}
 
 
+def policy_params(Wpol):
+  """(first, rest) of the policy's weights for rssm.imagine: its first Linear's
+  kernel and bias, and everything else (that layer keeps its norm scale)."""
+  layer0 = Wpol['mlp'][0]
+  first = {'w': layer0['w'], 'b': layer0['b']}
+  rest = {**Wpol, 'mlp': [{'scale': layer0['scale']}] + list(Wpol['mlp'][1:])}
+  return first, rest
+
+
 def compute_losses(params, slow_params, retnorm, batch, key,
                    nets: nets_lib.DreamerNetworks):
   """Every un-reduced loss term of one batch (Algorithms E, F, G; spec 3.20).
@@ -92,17 +101,18 @@ def compute_losses(params, slow_params, retnorm, batch, key,
   # --- imagination (spec 3.1-3.3), no gradient into the world model ----------
   # Time-major from here on: states 0..H on the leading axis, N = B*T starts.
   start_feat = sg(feat).reshape(N, c.feat_dim)
-  def policy_fn(f, noise):
+  def policy_fn(rest, pre, noise):
     # Policy weights NOT stop-gradiented: its raw outputs are reused by the
     # actor loss (log-prob of the stop-gradient action, entropy), spec 3.3, 3.11.
-    outputs = nets.policy_outputs(W, f)
+    outputs = nets.policy_outputs_from(rest, pre)
     return nets.policy_dist(outputs).sample(noise=noise), outputs
 
   shape = (c.imag_horizon, N, nets.spaces.act_dim)
   policy_noise = (jax.random.gumbel(k_pol, shape) if nets.spaces.discrete
                   else jax.random.normal(k_pol, shape))
   feats, img_act, pol_out = rssm_lib.imagine(
-      Wsg['dyn'], start_feat, policy_fn, policy_noise, k_img, c)  # feats: states 1..H
+      Wsg['dyn'], start_feat, policy_fn, policy_params(W['pol']), policy_noise,
+      k_img, c)                                                   # feats: states 1..H
   # Heads run on the start features [N, F] and the imagined ones [H, N, F]
   # separately, never on a concatenated or sliced copy of the big tensor.
   if c.start_from_data:

@@ -136,9 +136,23 @@ class DreamerNetworks:
 
   def policy_outputs(self, W, feat) -> dict:
     """Raw policy head outputs (before the distribution's nonlinearities)."""
-    x = blocks.mlp_apply(W['pol']['mlp'], feat, self.config.rms_eps)
+    first = W['pol']['mlp'][0]
+    return self.policy_outputs_from(W['pol'], blocks.dense(feat, first['w'], first['b']))
+
+  def policy_outputs_from(self, Wpol, pre) -> dict:
+    """The policy after its first product: pre = feat @ W1 + b1 (spec 3.15).
+
+    Reads W1's norm scale, the later layers and the output heads of Wpol
+    (W['pol'], or the same without the first layer's 'w' and 'b'). The
+    imagination computes `pre` itself, so that the gradient of the first
+    kernel is one product after its loop (rssm.imagine).
+    """
+    eps = self.config.rms_eps
+    mlp = Wpol['mlp']
+    x = jax.nn.silu(blocks.rms_norm(pre, mlp[0]['scale'], eps))
+    x = blocks.mlp_apply(mlp[1:], x, eps)
     names = ('logits',) if self.spaces.discrete else ('mean', 'std')
-    return {n: blocks.dense(x, W['pol'][n]['w'], W['pol'][n]['b']) for n in names}
+    return {n: blocks.dense(x, Wpol[n]['w'], Wpol[n]['b']) for n in names}
 
   def policy_dist(self, outputs: dict):
     """pi from raw outputs (spec 3.13 bounded normal / 3.14 categorical)."""

@@ -69,12 +69,11 @@ def main(_):
   noise = jax.random.normal(key, (c.imag_horizon, N, spaces.act_dim))
 
   def imagine(Wpol):
-    Wp = {**W, 'pol': Wpol}
-
-    def policy_fn(f, n):
-      out = nets.policy_outputs(Wp, f)
+    def policy_fn(rest, pre, n):
+      out = nets.policy_outputs_from(rest, pre)
       return nets.policy_dist(out).sample(noise=n), out
-    return rssm.imagine(sg(W['dyn']), sg(start_feat), policy_fn, noise, key, c)
+    return rssm.imagine(sg(W['dyn']), sg(start_feat), policy_fn,
+                        learning.policy_params(Wpol), noise, key, c)
 
   def imagine_vjp(Wpol):
     out, pull = jax.vjp(imagine, Wpol)
