@@ -18,8 +18,6 @@ from absl import app, flags
 
 import agent  # noqa: F401  (jax compat first)
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from agent import config as config_lib
 from agent import learning, memory, networks, synthetic
