@@ -191,8 +191,11 @@ class DreamerLearner(core.Learner):
     write_back: optional explicit write-back callable (overrides the
       iterator's); pass ``False`` to disable write-back.
     counter: acme Counter; incremented with ``learner_steps``.
-    logger: acme Logger; gets the metrics of every ``log_every``-th step.
-    log_every: steps between logger writes (0 = never).
+    logger: acme Logger; gets, every ``log_every`` updates (counted by
+      ``counter``'s ``learner_steps``, so windows stay aligned across a
+      resume), the means of every metric over the updates since its last
+      write, with ``updates_in_mean`` and the counts.
+    log_every: updates between logger writes (0 = never).
     train_step: a prebuilt ``learning.TrainStep`` to share (tests, bench).
   """
 
@@ -219,6 +222,8 @@ class DreamerLearner(core.Learner):
     self.last_metrics: Dict[str, float] = {}
     self._metric_sums: Dict[str, float] = {}
     self._metric_count = 0
+    self._window_sums: Dict[str, float] = {}
+    self._window_count = 0
     self.timings = {'sample_s': 0.0, 'update_s': 0.0, 'write_back_s': 0.0}
 
   # -- training -------------------------------------------------------------------
@@ -244,10 +249,23 @@ class DreamerLearner(core.Learner):
       self._metric_sums[k] = self._metric_sums.get(k, 0.0) + v
     self._metric_count += 1
     counts = self._counter.increment(learner_steps=1)
-    if self._logger is not None and self._log_every and (
-        self.num_steps % self._log_every == 0):
-      self._logger.write({**metrics, **counts})
+    if self._logger is not None and self._log_every:
+      self._log_window(metrics, counts)
     return metrics
+
+  def _log_window(self, metrics, counts) -> None:
+    """Accumulates ``metrics``; at every ``log_every``-th update (global
+    count) writes their means over the window to the logger."""
+    for k, v in metrics.items():
+      self._window_sums[k] = self._window_sums.get(k, 0.0) + v
+    self._window_count += 1
+    if int(counts.get('learner_steps', self.num_steps)) % self._log_every == 0:
+      n = self._window_count
+      means = {k: v / n for k, v in self._window_sums.items()}
+      self._logger.write({**means, 'updates_in_mean': float(n),
+                          'learner_steps': int(counts.get('learner_steps',
+                                                          self.num_steps))})
+      self._window_sums, self._window_count = {}, 0
 
   def pop_metric_means(self) -> Dict[str, float]:
     """Means of every metric over the steps since the last call (for logs)."""

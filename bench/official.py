@@ -10,6 +10,10 @@ Setup, in a venv of its own (the official code is not a dependency):
   /tmp/official/venv/bin/pip install "jax[cpu]==0.6.2" numpy==1.26.4 chex==0.1.90 \
       optax==0.2.8 einops==0.8.2 ninjax==3.6.3 elements==3.22.4 portal==3.8.3 \
       ruamel.yaml==0.19.1 cloudpickle==3.1.3
+  (for bench/parity.py, which trains it on DMC, also
+      /tmp/official/venv/bin/pip install -c requirements.lock \
+          dm-control==1.0.50 mujoco==3.17.0
+   the constraint file keeps pip's resolver from backtracking for minutes)
   and a checkout of github.com/danijar/dreamerv3 (measured: commit f8817c4,
   unmodified) at --src.
 Run:

@@ -57,7 +57,11 @@ class LearnerNode:
     self._finished = threading.Event()
     self._replay, self._counter_client = replay, counter
     self._actors, self._evaluator = list(actors), evaluator
-    builder = spec.builder()
+    self._logger = None
+    builder = spec.builder(
+        learner_logger_fn=lambda: rundir.LearnerRows(
+            self._run_logger, lambda: int(self._counts.get('env_steps', 0))),
+        learner_log_every=spec.run.learner_log_every)
     info = wait_for_replay(replay, self._should_stop)
     tables_lib.check_signatures(info, builder.make_replay_tables(),
                                 rundir.reverb_dir(spec.run.logdir))
@@ -84,7 +88,6 @@ class LearnerNode:
       rundir.log(f'[learner] resumed from {spec.resume}: {self._base_updates} '
                  f'updates, {len(self._dataset.latent_store)} stored latents')
     self._publish()
-    self._logger = None
     self._summary: Optional[Dict[str, Any]] = None
     self._last_ckpt: Optional[str] = None
     self._last_row: Dict[str, Any] = {}
@@ -239,9 +242,13 @@ class LearnerNode:
     row['episode/recent_score_mean'] = float(np.mean(scores)) if scores else None
     return row
 
-  def _write_row(self) -> None:
+  def _run_logger(self) -> 'rundir.RunLogger':
     if self._logger is None:
       self._logger = rundir.RunLogger(self._spec.run.logdir)
+    return self._logger
+
+  def _write_row(self) -> None:
+    self._run_logger()
     c = self._spec.config
     snap = self._snapshot()
     mark = self._mark or snap

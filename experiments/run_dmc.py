@@ -37,7 +37,8 @@ CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
 FLAG_NAMES = (
     'suite', 'task', 'size', 'train_ratio', 'action_repeat', 'num_envs', 'env_steps',
     'seed', 'logdir', 'compute_dtype', 'eval_every', 'eval_episodes',
-    'eval_policy', 'checkpoint_every', 'log_every', 'progress_every',
+    'eval_policy', 'checkpoint_every', 'log_every', 'learner_log_every',
+    'progress_every',
     'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
     'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
     'jax_cache_dir')
@@ -78,6 +79,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                      'Seconds of wall time between checkpoints (also one at the end).', **F)
   flags.DEFINE_integer('log_every', 10_000,
                        'Env steps between metrics.jsonl / TensorBoard rows.', **F)
+  flags.DEFINE_integer('learner_log_every', 0,
+                       "Updates between 'learner' rows in metrics.jsonl: the "
+                       'means of the learner metrics over exactly that many '
+                       'updates, keyed by update count (bench/parity.py); '
+                       '0 = none.', **F)
   flags.DEFINE_float('progress_every', 10.0, 'Seconds between progress lines.', **F)
   flags.DEFINE_integer('batch_size', 16, 'B (spec Table 4).', **F)
   flags.DEFINE_integer('batch_length', 64, 'T trained steps per row (spec 5.1).', **F)
@@ -127,6 +133,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     'must be in [0, 1000]')
   v('checkpoint_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
   v('log_every', lambda x: x is not None and x > 0, 'must be > 0 env steps')
+  v('learner_log_every', lambda x: x is not None and x >= 0,
+    'must be >= 0 updates (0: no learner rows)')
   v('progress_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
   v('batch_size', lambda x: x is not None and x >= 1, 'must be >= 1')
   v('batch_length', lambda x: x is not None and x >= 2, 'must be >= 2')
@@ -236,6 +244,7 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS):
       action_repeat=fv.action_repeat, eval_every=fv.eval_every,
       eval_episodes=fv.eval_episodes, eval_policy=fv.eval_policy,
       checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
+      learner_log_every=fv.learner_log_every,
       progress_every=fv.progress_every, time_limit=fv.time_limit,
       chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
       report=fv.report, flags_text=text)

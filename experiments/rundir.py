@@ -93,6 +93,7 @@ class RunConfig:
   eval_policy: str = 'sample'
   checkpoint_every: float = 600.0
   log_every: int = 10_000
+  learner_log_every: int = 0              # updates; 0 = no 'learner' rows
   progress_every: float = 10.0
   time_limit: Optional[float] = None
   chunk_length: Optional[int] = None      # None: the WindowAdder default
@@ -465,7 +466,7 @@ class RunLogger(loggers_base.Logger):
       os.close(fd)
     if self._tb is not None:
       step = int(row.get('env_step', 0))
-      prefix = 'eval/' if row.get('kind') == 'eval' else ''
+      prefix = {'eval': 'eval/', 'learner': 'learner/'}.get(row.get('kind'), '')
       with self._tb.as_default():
         for k, v in clean.items():
           if k in ('env_step', 'kind') or isinstance(v, bool) or not isinstance(
@@ -479,6 +480,33 @@ class RunLogger(loggers_base.Logger):
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+
+
+class LearnerRows(loggers_base.Logger):
+  """The learner's acme Logger in both layouts: ``kind: 'learner'`` rows.
+
+  ``agent.learner.DreamerLearner`` writes, every ``--learner_log_every``
+  updates, the means of its metrics over those updates (``updates_in_mean``
+  of them) and the global ``learner_steps``; this adds the run's env step and
+  appends the row to metrics.jsonl with the metric names of the train rows
+  (``train/<name>``). Rows keyed by update count are what
+  ``bench/parity.py`` compares against the official code (issue 19).
+  """
+
+  def __init__(self, logger_fn: Callable[[], Any],
+               env_step_fn: Callable[[], Optional[int]]):
+    self._logger_fn, self._env_step_fn = logger_fn, env_step_fn
+
+  def write(self, data: Mapping[str, Any]) -> None:
+    data = dict(data)
+    row = {'kind': 'learner', 'updates': int(data.pop('learner_steps')),
+           'updates_in_mean': int(data.pop('updates_in_mean')),
+           'env_step': self._env_step_fn()}
+    row.update({f'train/{k}': v for k, v in data.items()})
+    self._logger_fn().write(row)
+
+  def close(self) -> None:
+    pass
 
 
 def eval_row(env_step: int, scores, lengths, mode: str, seconds: float,

@@ -90,7 +90,10 @@ class Trainer:
                                   rate_limiter='ratio_sync',
                                   chunk_length=run.chunk_length,
                                   eval_policy=run.eval_policy,
-                                  prefetch=run.prefetch)
+                                  prefetch=run.prefetch,
+                                  learner_logger_fn=lambda: rundir.LearnerRows(
+                                      lambda: self.logger, lambda: self.env_steps),
+                                  learner_log_every=run.learner_log_every)
     reverb_root = rundir.reverb_dir(self.logdir)
     os.makedirs(reverb_root, exist_ok=True)
     tables = self.builder.make_replay_tables()

@@ -228,6 +228,33 @@ def test_learner_write_back_compile_once_variables_and_restore(parts, envs,
     learner.get_variables(['nope'])
 
 
+def test_learner_rows_are_window_means_keyed_by_global_updates(parts, envs,
+                                                              replay, config):
+  """--learner_log_every: every N-th update (the counter's global
+  learner_steps, so a resumed run keeps its windows) the logger gets the means
+  of the metrics over the updates since its last row (bench/parity.py)."""
+  from acme.utils import counting
+  builder, nets, train_step = parts
+  rows = []
+
+  class Rows:
+    def write(self, data):
+      rows.append(dict(data))
+
+  counter = counting.Counter(time_delta=0.0)
+  counter.increment(learner_steps=1)           # as after a resume at 1 update
+  learner = DreamerLearner(nets, replay.dataset, seed_keys(0)['learner'],
+                           train_step=train_step, counter=counter,
+                           logger=Rows(), log_every=2)
+  _fill(builder, nets, replay, envs, config.seq_len + 4)
+  got = [learner.step() for _ in range(3)]     # global updates 2, 3, 4
+  assert [r['learner_steps'] for r in rows] == [2, 4]
+  assert [r['updates_in_mean'] for r in rows] == [1.0, 2.0]
+  for name in ('loss/total', 'loss/dyn', 'grad_norm'):
+    assert rows[0][name] == pytest.approx(got[0][name])
+    assert rows[1][name] == pytest.approx((got[1][name] + got[2][name]) / 2)
+
+
 def test_builder_actor_learner_loop_follows_schedule(parts, envs, replay, config):
   """spec 6.1 / 6.2 via the builder: per-transition schedule; first update once
   the replay holds train_fill items; acting params follow the learner."""

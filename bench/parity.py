@@ -1,0 +1,432 @@
+"""Learning parity at length: the official DreamerV3 and ours, side by side (issue 19).
+
+Two commands:
+
+  # one training run of one side, to --updates updates; writes <out>/<name>.json
+  python bench/parity.py run --side=official --task=cartpole_swingup --seed=0 \
+      --updates=3000 [--official_python=... --src=...]
+  python bench/parity.py run --side=ours --variant=official_oq --task=... --seed=0 \
+      --updates=3000
+
+  # compare every run of a task found under --out: PNG, table, acceptance
+  python bench/parity.py compare --task=cartpole_swingup [--length=3000]
+
+Both sides train with the SAME settings (SETTINGS below: size1m, B 16 x T 32,
+train ratio 128, 4 envs, action repeat 2, lr 1e-4 with 100 warm-up updates,
+float32 on the CPU) and log by UPDATE COUNT: each writes, per 50 updates, the
+means of its metrics over exactly those updates (ours: `--learner_log_every`,
+rows of kind 'learner'; the official: bench/parity_official.py wrapping its
+`Agent.train`, in its own venv). `compare` re-bins both into 250-update windows
+(means weighted by updates), maps the metric names once (METRICS), and checks
+issue 19's acceptance at every 500 updates: ours' seed mean inside the official
+seeds' [min, max] widened by max(10 % of |official mean|, official spread).
+
+Variants of ours:
+  official_oq  the official code's choices for OQ 6 / OQ 7
+               (start_from_data=False, outscale_dec=1.0): configs equal.
+  defaults     the project's defaults (2411f7d's OQ 6 / OQ 7).
+  Extra `--override name=value` switch one more field (e.g. a documented
+  deviation) for a diagnostic run; it becomes part of the run's name.
+
+Each run's JSON (settings, wall time, rows, episode scores) goes to
+bench/results/parity/ (figures, not code; the official source is never
+committed, see bench/official.py for its set-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(HERE, 'results', 'parity')
+
+# The shared settings (issue 19): one place for both sides.
+SETTINGS = dict(size='size1m', batch_size=16, batch_length=32, train_ratio=128,
+                num_envs=4, action_repeat=2, lr=1e-4, warmup=100)
+ROW_EVERY = 50        # updates per logged row (both sides)
+BIN = 250             # updates per compared window
+CHECK_EVERY = 500     # acceptance rows
+
+VARIANTS = {
+    'official_oq': {'start_from_data': 'False', 'outscale_dec': '1.0'},
+    'defaults': {},
+}
+
+# canonical name -> (ours' key in 'learner' rows, the official key).
+# Reconstruction keys are added per observation key (rec_<key>).
+METRICS = {
+    'loss/dyn': ('train/loss/dyn', 'loss/dyn'),
+    'loss/rep': ('train/loss/rep', 'loss/rep'),
+    'loss/rew': ('train/loss/rew', 'loss/rew'),
+    'loss/con': ('train/loss/con', 'loss/con'),
+    'loss/value': ('train/loss/value', 'loss/value'),
+    'loss/repval': ('train/loss/repval', 'loss/repval'),
+    'loss/policy': ('train/loss/policy', 'loss/policy'),
+    'policy_entropy': ('train/policy_entropy', 'ent/action'),
+    'adv_mag': ('train/adv_mag', 'adv_mag'),
+    'ret_scale': ('train/ret_scale', 'retnorm/scale'),
+    'imag_return': ('train/ret_mean', 'ret_raw'),
+    'imag_value': ('train/value_mean', 'val'),
+    'grad_norm': ('train/grad_norm', 'opt/grad_norm'),
+    'prior_entropy': ('train/dyn_ent', 'dyn_ent'),
+    'post_entropy': ('train/rep_ent', 'rep_ent'),
+}
+# The losses whose mean is the scores' noise floor are still compared; these
+# are diagnostics drawn but not part of acceptance (no official counterpart
+# with the same definition at every step).
+NOT_ACCEPTED = ('grad_norm',)
+
+
+# --- running -------------------------------------------------------------------
+
+def run_name(side, task, seed, variant='', overrides=()):
+  parts = [task, side] + ([variant] if side == 'ours' else [])
+  parts += [o.replace('=', '-') for o in overrides] + [f's{seed}']
+  return '_'.join(parts)
+
+
+def env_steps_for(updates: int) -> int:
+  """Env steps that give `updates` updates: the B*T fill plus updates x
+  (B*T / ratio) agent steps, x repeat, with one vector step of margin per
+  100 updates (spec 6.1, 6.2)."""
+  s = SETTINGS
+  bt = s['batch_size'] * s['batch_length']
+  agent = bt + updates * bt / s['train_ratio'] + s['num_envs'] * (2 + updates // 100)
+  return int(math.ceil(agent)) * s['action_repeat']
+
+
+def official_argv(task, seed, logdir):
+  s = SETTINGS
+  return [
+      '--configs', 'dmc_proprio', '--task', f'dmc_{task}',
+      '--env.dmc.repeat', str(s['action_repeat']), '--run.envs', str(s['num_envs']),
+      '--run.train_ratio', str(s['train_ratio']),
+      '--batch_size', str(s['batch_size']), '--batch_length', str(s['batch_length']),
+      '--agent.opt.lr', str(s['lr']), '--agent.opt.warmup', str(s['warmup']),
+      '--jax.platform', 'cpu', '--jax.compute_dtype', 'float32',
+      '--jax.prealloc', 'False', '--logger.outputs', 'jsonl',
+      '--run.log_every', '60', '--run.report_every', '0', '--run.save_every', '0',
+      '--run.steps', '1e9', '--seed', str(seed), '--logdir', logdir]
+
+
+def ours_argv(task, seed, logdir, updates, variant, overrides):
+  s = SETTINGS
+  argv = [
+      f'--task={task}', f'--size={s["size"]}', f'--train_ratio={s["train_ratio"]}',
+      f'--action_repeat={s["action_repeat"]}', f'--num_envs={s["num_envs"]}',
+      f'--env_steps={env_steps_for(updates)}', f'--batch_size={s["batch_size"]}',
+      f'--batch_length={s["batch_length"]}', f'--seed={seed}',
+      f'--config_overrides=lr={s["lr"]}', f'--config_overrides=warmup={s["warmup"]}',
+      '--eval_every=0', '--eval_episodes=0', '--checkpoint_every=1e9',
+      '--log_every=100000000', f'--learner_log_every={ROW_EVERY}',
+      '--progress_every=120', '--noreport', f'--logdir={logdir}']
+  fields = dict(VARIANTS[variant])
+  for o in overrides:
+    name, value = o.split('=', 1)
+    fields[name] = value
+  argv += [f'--config_overrides={k}={v}' for k, v in fields.items()]
+  return argv
+
+
+def _read_jsonl(path):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def run(args) -> str:
+  name = run_name(args.side, args.task, args.seed, args.variant, args.override)
+  logdir = os.path.join(args.workdir, name)
+  if os.path.exists(logdir):
+    shutil.rmtree(logdir)
+  os.makedirs(logdir)
+  t0 = time.time()
+  if args.side == 'official':
+    rows_path = os.path.join(logdir, 'updates.jsonl')
+    cmd = [args.official_python, os.path.join(HERE, 'parity_official.py'),
+           f'--src={args.src}', f'--updates={args.updates}', f'--every={ROW_EVERY}',
+           f'--out={rows_path}', f'--repeat={SETTINGS["action_repeat"]}', '--',
+           *official_argv(args.task, args.seed, os.path.join(logdir, 'run'))]
+  else:
+    cmd = [sys.executable, os.path.join(ROOT, 'experiments', 'run_dmc.py'),
+           *ours_argv(args.task, args.seed, os.path.join(logdir, 'run'),
+                      args.updates, args.variant, args.override)]
+  with open(os.path.join(logdir, 'console.txt'), 'w') as console:
+    proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT)
+  wall = time.time() - t0
+  if proc.returncode != 0:
+    raise SystemExit(f'{name}: exit {proc.returncode}; see {logdir}/console.txt')
+
+  if args.side == 'official':
+    raw = _read_jsonl(rows_path)
+    rows = [{'updates': r['updates'], 'n': r['updates_in_mean'],
+             'env_step': r['env_step'],
+             **{k: v for k, v in r.items()
+                if k not in ('updates', 'updates_in_mean', 'env_step')}}
+            for r in raw]
+    scores = [{'env_step': int(r['step']), 'score': float(r['episode/score'])}
+              for r in _read_jsonl(os.path.join(logdir, 'run', 'scores.jsonl'))]
+  else:
+    raw = [r for r in _read_jsonl(os.path.join(logdir, 'run', 'metrics.jsonl'))
+           if r.get('kind') == 'learner' and r['updates'] <= args.updates]
+    rows = [{'updates': r['updates'], 'n': r['updates_in_mean'],
+             'env_step': r['env_step'],
+             **{k: v for k, v in r.items()
+                if k.startswith('train/') and isinstance(v, (int, float))}}
+            for r in raw]
+    scores = [{'env_step': int(r['env_step']), 'score': float(r['score'])}
+              for r in _read_jsonl(os.path.join(logdir, 'run', 'scores.jsonl'))]
+  last = rows[-1]['updates'] if rows else 0
+  if last < args.updates:
+    raise SystemExit(f'{name}: only {last} of {args.updates} updates logged')
+  result = {
+      'side': args.side, 'task': args.task, 'seed': args.seed,
+      'variant': args.variant if args.side == 'ours' else 'official',
+      'overrides': list(args.override), 'updates': args.updates,
+      'settings': SETTINGS, 'row_every': ROW_EVERY, 'wall_s': round(wall, 1),
+      'host_load_1m_at_end': os.getloadavg()[0],
+      'command': ' '.join(cmd), 'rows': rows, 'scores': scores,
+  }
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, name + '.json')
+  with open(path, 'w') as f:
+    json.dump(result, f)
+  print(f'{name}: {last} updates in {wall / 60:.1f} min -> {path}', flush=True)
+  return path
+
+
+# --- comparing -------------------------------------------------------------------
+
+def canonical_rows(result) -> List[Dict[str, float]]:
+  """The run's rows with canonical metric names (METRICS + rec_<key>)."""
+  ours = result['side'] == 'ours'
+  out = []
+  for r in result['rows']:
+    row = {'updates': r['updates'], 'n': r['n']}
+    for name, (ok, fk) in METRICS.items():
+      key = ok if ours else fk
+      if key in r:
+        row[name] = r[key]
+    for k, v in r.items():
+      if ours and k.startswith('train/loss/rec_'):
+        row['loss/rec_' + k[len('train/loss/rec_'):]] = v
+      if not ours and k.startswith('loss/') and k[5:] not in (
+          'dyn', 'rep', 'rew', 'con', 'value', 'repval', 'policy'):
+        row['loss/rec_' + k[5:]] = v
+    out.append(row)
+  return out
+
+
+def binned(result, length: int) -> Dict[str, np.ndarray]:
+  """Means per BIN-update window (weighted by each row's update count):
+  {metric: [length // BIN]} with NaN where the window has no rows."""
+  nbins = length // BIN
+  sums, weights = {}, {}
+  for row in canonical_rows(result):
+    b = (row['updates'] - 1) // BIN
+    if b >= nbins:
+      continue
+    for k, v in row.items():
+      if k in ('updates', 'n') or v is None:
+        continue
+      sums.setdefault(k, np.zeros(nbins))[b] += v * row['n']
+      weights.setdefault(k, np.zeros(nbins))[b] += row['n']
+  return {k: np.where(weights[k] > 0, sums[k] / np.maximum(weights[k], 1), np.nan)
+          for k in sums}
+
+
+def score_bins(result, length: int) -> np.ndarray:
+  """Mean training-episode score per BIN-update window. Episodes are placed
+  by the update count at their env step (the same schedule on both sides)."""
+  s = SETTINGS
+  bt = s['batch_size'] * s['batch_length']
+  nbins = length // BIN
+  sums, counts = np.zeros(nbins), np.zeros(nbins)
+  for ep in result['scores']:
+    agent = ep['env_step'] / s['action_repeat']
+    upd = max(0.0, (agent - bt) * s['train_ratio'] / bt)
+    b = int(upd // BIN)
+    if b < nbins:
+      sums[b] += ep['score']
+      counts[b] += 1
+  return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def load(out, task, length):
+  runs = {}
+  for path in sorted(glob.glob(os.path.join(out, f'{task}_*.json'))):
+    with open(path) as f:
+      r = json.load(f)
+    if r['updates'] < length:
+      continue
+    key = 'official' if r['side'] == 'official' else '_'.join(
+        [r['variant']] + [o.replace('=', '-') for o in r['overrides']])
+    runs.setdefault(key, []).append(r)
+  return runs
+
+
+def band(official: np.ndarray):
+  """Official seeds [S, bins] -> (mean, lo, hi) of the acceptance band."""
+  mean = np.nanmean(official, 0)
+  mn, mx = np.nanmin(official, 0), np.nanmax(official, 0)
+  widen = np.maximum(0.10 * np.abs(mean), mx - mn)
+  return mean, mn - widen, mx + widen
+
+
+def compare(args):
+  runs = load(args.out, args.task, args.length)
+  if 'official' not in runs:
+    raise SystemExit(f'no official runs of {args.task} to {args.length} updates in {args.out}')
+  nb = args.length // BIN
+  centers = (np.arange(nb) + 1) * BIN          # window end (updates)
+  data = {}
+  for key, rs in runs.items():
+    per_seed = [binned(r, args.length) for r in rs]
+    names = sorted(set.intersection(*[set(p) for p in per_seed]))
+    data[key] = {n: np.stack([p[n] for p in per_seed]) for n in names}
+    data[key]['score'] = np.stack([score_bins(r, args.length) for r in rs])
+  off = data['official']
+  names = [n for n in off if n in data.get(args.ours, {})]
+  checks = [i for i in range(nb) if centers[i] % CHECK_EVERY == 0]
+  report = {'task': args.task, 'length': args.length, 'ours': args.ours,
+            'seeds': {k: len(v) for k, v in runs.items()},
+            'wall_s': {k: [r['wall_s'] for r in v] for k, v in runs.items()},
+            'metrics': {}}
+  outside = []
+  for n in names:
+    mean, lo, hi = band(off[n])
+    ours = np.nanmean(data[args.ours][n], 0)
+    entry = {'updates': [int(centers[i]) for i in checks],
+             'ours_mean': [float(ours[i]) for i in checks],
+             'official_mean': [float(mean[i]) for i in checks],
+             'official_min': [float(np.nanmin(off[n][:, i])) for i in checks],
+             'official_max': [float(np.nanmax(off[n][:, i])) for i in checks],
+             'band_lo': [float(lo[i]) for i in checks],
+             'band_hi': [float(hi[i]) for i in checks]}
+    entry['inside'] = [bool(lo[i] <= ours[i] <= hi[i]) for i in checks]
+    entry['accepted'] = n not in NOT_ACCEPTED and n != 'score'
+    report['metrics'][n] = entry
+    if entry['accepted']:
+      outside += [(n, int(centers[i]), float(ours[i]), float(lo[i]), float(hi[i]))
+                  for i in checks if not lo[i] <= ours[i] <= hi[i]]
+  report['outside'] = outside
+  tag = f'{args.task}_{args.ours}_{args.length}'
+  with open(os.path.join(args.out, f'compare_{tag}.json'), 'w') as f:
+    json.dump(report, f, indent=1)
+  print(table(report, args.table_at))
+  print(f'\n{len(outside)} (metric, update) checks outside the band:')
+  for n, u, v, lo, hi in outside:
+    print(f'  {n} @ {u}: ours {v:.4g}, band [{lo:.4g}, {hi:.4g}]')
+  plot(data, names + ['score'], centers, args.ours,
+       os.path.join(args.out, f'compare_{tag}.png'), args.task)
+
+
+def table(report, at) -> str:
+  lines = [f"### {report['task']}: ours ({report['ours']}, "
+           f"{report['seeds'].get(report['ours'], 0)} seeds) against the official "
+           f"({report['seeds']['official']} seeds)", '',
+           '| metric | ' + ' | '.join(f'{u} updates: ours / official [min, max]'
+                                      for u in at) + ' |',
+           '|---|' + '---|' * len(at)]
+  for n, e in report['metrics'].items():
+    cells = []
+    for u in at:
+      if u not in e['updates']:
+        cells.append('-')
+        continue
+      i = e['updates'].index(u)
+      mark = '' if e['inside'][i] or not e['accepted'] else ' **out**'
+      cells.append(f"{e['ours_mean'][i]:.4g} / [{e['official_min'][i]:.4g}, "
+                   f"{e['official_max'][i]:.4g}]{mark}")
+    lines.append(f'| {n} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def plot(data, names, centers, ours_key, path, task):
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  cols = 4
+  rows = int(math.ceil(len(names) / cols))
+  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
+  x = centers - BIN / 2
+  others = [k for k in data if k not in ('official', ours_key)]
+  for ax, n in zip(axes.flat, names):
+    off = data['official'].get(n)
+    if off is not None:
+      mean, lo, hi = band(off)
+      ax.fill_between(x, np.nanmin(off, 0), np.nanmax(off, 0), color='C0', alpha=0.3,
+                      label=f'official [min, max] ({len(off)})')
+      ax.plot(x, lo, 'C0:', lw=0.8)
+      ax.plot(x, hi, 'C0:', lw=0.8)
+    ours = data[ours_key].get(n)
+    if ours is not None:
+      for s in ours:
+        ax.plot(x, s, color='C3', alpha=0.35, lw=0.8)
+      ax.plot(x, np.nanmean(ours, 0), color='C3', lw=1.8,
+              label=f'ours {ours_key} ({len(ours)})')
+    for j, k in enumerate(others):
+      if n in data[k]:
+        ax.plot(x, np.nanmean(data[k][n], 0), color=f'C{j + 4}', lw=1.2,
+                label=f'ours {k} ({len(data[k][n])})')
+    ax.set_title(n, fontsize=9)
+    ax.tick_params(labelsize=7)
+  for ax in list(axes.flat)[len(names):]:
+    ax.axis('off')
+  axes.flat[0].legend(fontsize=6)
+  fig.suptitle(f'{task}: per-{BIN}-update means against updates '
+               f'(dotted: acceptance band)', fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  print(f'wrote {path}')
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  sub = p.add_subparsers(dest='cmd', required=True)
+  r = sub.add_parser('run')
+  r.add_argument('--side', choices=['official', 'ours'], required=True)
+  r.add_argument('--variant', choices=sorted(VARIANTS), default='official_oq')
+  r.add_argument('--override', action='append', default=[],
+                 help='ours: one more DreamerConfig field, name=value')
+  r.add_argument('--task', default='cartpole_swingup')
+  r.add_argument('--seed', type=int, default=0)
+  r.add_argument('--updates', type=int, default=3000)
+  r.add_argument('--official_python', default='/tmp/official/venv/bin/python')
+  r.add_argument('--src', default='/tmp/official/src')
+  r.add_argument('--workdir', default='/tmp/parity')
+  r.add_argument('--out', default=OUT)
+  c = sub.add_parser('compare')
+  c.add_argument('--task', default='cartpole_swingup')
+  c.add_argument('--length', type=int, default=3000)
+  c.add_argument('--ours', default='official_oq', help='variant key of ours')
+  c.add_argument('--table_at', type=int, nargs='+', default=[1000, 3000])
+  c.add_argument('--out', default=OUT)
+  args = p.parse_args(argv)
+  if args.cmd == 'run':
+    if args.side == 'official' and (args.variant != 'official_oq' or args.override):
+      p.error('--variant / --override apply to ours only')
+    for o in args.override:
+      if '=' not in o:
+        p.error(f'--override {o!r}: expected name=value')
+    run(args)
+  else:
+    compare(args)
+
+
+if __name__ == '__main__':
+  main()
