@@ -98,12 +98,13 @@ def run_name(side, task, seed, variant='', overrides=()):
 
 
 def env_steps_for(updates: int) -> int:
-  """Env steps that give `updates` updates: the B*T fill plus updates x
-  (B*T / ratio) agent steps, x repeat, with one vector step of margin per
-  100 updates (spec 6.1, 6.2)."""
+  """Env steps that give `updates` updates: the B*T-item fill (an env's
+  first item needs T + 1 steps) plus updates x (B*T / ratio) agent steps,
+  x repeat, with one vector step of margin per 100 updates (spec 6.1, 6.2)."""
   s = SETTINGS
   bt = s['batch_size'] * s['batch_length']
-  agent = bt + updates * bt / s['train_ratio'] + s['num_envs'] * (2 + updates // 100)
+  fill = bt + s['num_envs'] * s['batch_length']
+  agent = fill + updates * bt / s['train_ratio'] + s['num_envs'] * (2 + updates // 100)
   return int(math.ceil(agent)) * s['action_repeat']
 
 
