@@ -1,12 +1,15 @@
 """Learning parity at length: the official DreamerV3 and ours, side by side (issue 19).
 
-Two commands:
+Three commands:
 
   # one training run of one side, to --updates updates; writes <out>/<name>.json
   python bench/parity.py run --side=official --task=cartpole_swingup --seed=0 \
       --updates=3000 [--official_python=... --src=...]
   python bench/parity.py run --side=ours --variant=official_oq --task=... --seed=0 \
       --updates=3000
+
+  # every missing run of a task, one at a time (resumable)
+  python bench/parity.py suite --task=cheetah_run --seeds 0 1 2 --updates=3000
 
   # compare every run of a task found under --out: PNG, table, acceptance
   python bench/parity.py compare --task=cartpole_swingup [--length=3000]
@@ -395,6 +398,33 @@ def plot(data, names, centers, ours_key, path, task):
   print(f'wrote {path}')
 
 
+def suite(args) -> None:
+  """Every missing run of a task, one at a time (never two on 2 cores):
+  official and ours alternating per seed, then the extra variants. A run
+  whose JSON is already in --out is skipped, so an interrupted suite resumes.
+  Ours runs this checkout's code: start it from a pinned `git worktree` if
+  you keep editing while it runs."""
+  plan = []
+  for seed in args.seeds:
+    plan.append(('official', 'official_oq', seed))
+    plan.append(('ours', 'official_oq', seed))
+  for variant in args.variants:
+    for seed in args.seeds[:args.variant_seeds]:
+      plan.append(('ours', variant, seed))
+  for side, variant, seed in plan:
+    name = run_name(side, args.task, seed, variant)
+    path = os.path.join(args.out, name + '.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        if json.load(f)['updates'] >= args.updates:
+          print(f'{name}: done, skipped', flush=True)
+          continue
+    run(argparse.Namespace(
+        side=side, variant=variant, override=[], task=args.task, seed=seed,
+        updates=args.updates, official_python=args.official_python,
+        src=args.src, workdir=args.workdir, out=args.out))
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = p.add_subparsers(dest='cmd', required=True)
@@ -410,6 +440,17 @@ def main(argv=None):
   r.add_argument('--src', default='/tmp/official/src')
   r.add_argument('--workdir', default='/tmp/parity')
   r.add_argument('--out', default=OUT)
+  q = sub.add_parser('suite')
+  q.add_argument('--task', default='cartpole_swingup')
+  q.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+  q.add_argument('--updates', type=int, default=3000)
+  q.add_argument('--variants', nargs='*', default=['defaults'],
+                 help='extra variants of ours, after the official_oq pairs')
+  q.add_argument('--variant_seeds', type=int, default=1)
+  q.add_argument('--official_python', default='/tmp/official/venv/bin/python')
+  q.add_argument('--src', default='/tmp/official/src')
+  q.add_argument('--workdir', default='/tmp/parity')
+  q.add_argument('--out', default=OUT)
   c = sub.add_parser('compare')
   c.add_argument('--task', default='cartpole_swingup')
   c.add_argument('--length', type=int, default=3000)
@@ -424,6 +465,8 @@ def main(argv=None):
       if '=' not in o:
         p.error(f'--override {o!r}: expected name=value')
     run(args)
+  elif args.cmd == 'suite':
+    suite(args)
   else:
     compare(args)
 

@@ -36,3 +36,36 @@ def test_time_dot_reproduces_a_transposed_layout():
   sig = (((4, 3), (0, 1)), ((3, 5), (1, 0)), (1,), (0,), (), ())
   t = dot_ceiling.time_dot(sig, 0.001)
   assert np.isfinite(t) and t > 0
+
+
+def test_parity_bins_by_updates_maps_names_and_widens_the_band():
+  """bench/parity.py (issue 19): rows of means over 50 updates re-binned into
+  250-update windows weighted by their update counts, the official and our
+  metric names mapped to one name, and the acceptance band."""
+  from bench import parity
+
+  def rows(side, value_of):
+    out = []
+    for end in range(50, 501, 50):
+      n = 50 if end != 300 else 25          # a short window (e.g. a resume)
+      r = {'updates': end, 'n': n, 'env_step': 8 * end}
+      if side == 'ours':
+        r.update({'train/loss/dyn': value_of(end), 'train/loss/rec_position': 1.0,
+                  'train/policy_entropy': 2.0})
+      else:
+        r.update({'loss/dyn': value_of(end), 'loss/position': 1.0, 'ent/action': 2.0})
+      out.append(r)
+    return {'side': side, 'rows': out, 'scores': []}
+
+  for side in ('ours', 'official'):
+    b = parity.binned(rows(side, float), 500)
+    assert set(b) == {'loss/dyn', 'loss/rec_position', 'policy_entropy'}
+    np.testing.assert_allclose(b['loss/dyn'][0], 150.0)             # 50..250
+    w = np.array([25, 50, 50, 50, 50])                              # 300 (short)..500
+    np.testing.assert_allclose(b['loss/dyn'][1],
+                               (w * [300, 350, 400, 450, 500]).sum() / w.sum())
+  official = np.array([[1.0, 10.0], [1.2, 10.0]])
+  mean, lo, hi = parity.band(official)
+  np.testing.assert_allclose(mean, [1.1, 10.0])
+  np.testing.assert_allclose(lo, [1.0 - 0.2, 10.0 - 1.0])    # spread 0.2 > 10 % of 1.1
+  np.testing.assert_allclose(hi, [1.2 + 0.2, 10.0 + 1.0])    # 10 % of 10 > spread 0
