@@ -428,29 +428,29 @@ def suite(args) -> None:
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   sub = p.add_subparsers(dest='cmd', required=True)
+
+  def training_args(parser):
+    """The arguments `run` and `suite` share: where and how long to train."""
+    parser.add_argument('--task', default='cartpole_swingup')
+    parser.add_argument('--updates', type=int, default=3000)
+    parser.add_argument('--official_python', default='/tmp/official/venv/bin/python')
+    parser.add_argument('--src', default='/tmp/official/src')
+    parser.add_argument('--workdir', default='/tmp/parity')
+    parser.add_argument('--out', default=OUT)
+
   r = sub.add_parser('run')
+  training_args(r)
   r.add_argument('--side', choices=['official', 'ours'], required=True)
   r.add_argument('--variant', choices=sorted(VARIANTS), default='official_oq')
   r.add_argument('--override', action='append', default=[],
                  help='ours: one more DreamerConfig field, name=value')
-  r.add_argument('--task', default='cartpole_swingup')
   r.add_argument('--seed', type=int, default=0)
-  r.add_argument('--updates', type=int, default=3000)
-  r.add_argument('--official_python', default='/tmp/official/venv/bin/python')
-  r.add_argument('--src', default='/tmp/official/src')
-  r.add_argument('--workdir', default='/tmp/parity')
-  r.add_argument('--out', default=OUT)
   q = sub.add_parser('suite')
-  q.add_argument('--task', default='cartpole_swingup')
+  training_args(q)
   q.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
-  q.add_argument('--updates', type=int, default=3000)
   q.add_argument('--variants', nargs='*', default=['defaults'],
                  help='extra variants of ours, after the official_oq pairs')
   q.add_argument('--variant_seeds', type=int, default=1)
-  q.add_argument('--official_python', default='/tmp/official/venv/bin/python')
-  q.add_argument('--src', default='/tmp/official/src')
-  q.add_argument('--workdir', default='/tmp/parity')
-  q.add_argument('--out', default=OUT)
   c = sub.add_parser('compare')
   c.add_argument('--task', default='cartpole_swingup')
   c.add_argument('--length', type=int, default=3000)

@@ -58,10 +58,10 @@ class LearnerNode:
     self._replay, self._counter_client = replay, counter
     self._actors, self._evaluator = list(actors), evaluator
     self._logger = None
-    builder = spec.builder(
-        learner_logger_fn=lambda: rundir.LearnerRows(
-            self._run_logger, lambda: int(self._counts.get('env_steps', 0))),
-        learner_log_every=spec.run.learner_log_every)
+    rows = lambda: rundir.LearnerRows(   # noqa: E731
+        self._run_logger, lambda: int(self._counts.get('env_steps', 0)))
+    builder = spec.builder(learner_logger_fn=rows,
+                           learner_log_every=spec.run.learner_log_every)
     info = wait_for_replay(replay, self._should_stop)
     tables_lib.check_signatures(info, builder.make_replay_tables(),
                                 rundir.reverb_dir(spec.run.logdir))
@@ -242,13 +242,11 @@ class LearnerNode:
     row['episode/recent_score_mean'] = float(np.mean(scores)) if scores else None
     return row
 
-  def _run_logger(self) -> 'rundir.RunLogger':
-    if self._logger is None:
-      self._logger = rundir.RunLogger(self._spec.run.logdir)
+  def _run_logger(self) -> 'rundir.RunLogger':  # shared by train and learner rows
+    self._logger = self._logger or rundir.RunLogger(self._spec.run.logdir)
     return self._logger
 
   def _write_row(self) -> None:
-    self._run_logger()
     c = self._spec.config
     snap = self._snapshot()
     mark = self._mark or snap
@@ -290,7 +288,7 @@ class LearnerNode:
         **self._actor_row()}
     for k, v in self._learner.pop_metric_means().items():
       row[f'train/{k}'] = v
-    self._logger.write(row)
+    self._run_logger().write(row)
     self._last_row = {k: v for k, v in row.items() if not k.startswith('train/')}
     self._last_row_step = env_steps
     self._mark = snap
