@@ -2,13 +2,13 @@
 
 `DreamerActor` is an `acme.core.Actor` that drives N lock-stepped envs: one
 jitted policy call (``agent.acting.make_policy``) per vector step, whatever N.
-Observations are the batched obs dicts of ``experiments.envs.VectorEnv``:
+Observations are the batched obs dicts of ``experiments.envs.vector.VectorEnv``:
 ``{obs key: [N, ...] float32, 'reward': [N], 'is_first': [N], 'is_last': [N],
 'is_terminal': [N]}``; a ``dm_env.TimeStep`` whose ``observation`` is such a
 dict is accepted too.
 
 Per vector step (Algorithm K, spec 7.1), as ``acme.EnvironmentLoop`` drives
-it over ``experiments.env_loop.VectorEnvironment``:
+it over ``experiments.envs.vector.VectorEnv``:
 
   action = actor.select_action(obs)     # policy on obs_t: a_t, latents of obs_t
   timestep = env.step(action)           # auto-resets envs after is_last
@@ -31,7 +31,7 @@ it over ``experiments.env_loop.VectorEnvironment``:
   for a discrete action space its one-hot while the env gets the index
   (spec 3.14), the reward,
   the flags and the packed posterior latents of obs_t (spec 5.7). The env
-  receives the raw sample; ``experiments.envs`` clips and rescales it.
+  receives the raw sample; ``experiments.envs.protocol`` clips and rescales it.
 * ``observe`` adds the N steps one env at a time and calls ``on_add(worker)``
   after each one, so the synchronous loop can evaluate the train schedule after
   every single transition (spec 6.1, Algorithm K). Without a hook the whole
@@ -127,7 +127,7 @@ class DreamerActor(core.Actor):
     self._adder = adder
     self._mode = mode
     self._fn = policy_fn or make_policy_fn(policy, mode)
-    self.on_add = on_add
+    self._on_add = on_add
     self._carry = policy.initial_carry(self._num_envs)
     self._staged: Optional[Dict[str, Any]] = None
     self._pending_last = None
@@ -223,7 +223,7 @@ class DreamerActor(core.Actor):
                          'return')
     steps = self.make_steps(staged['obs'], staged['obs_in'], staged['action'],
                             staged['latent'])
-    if self.on_add is None:
+    if self._on_add is None:
       t0 = time.perf_counter()
       self._adder.add_batch(steps)
       self.timings['add_s'] += time.perf_counter() - t0
@@ -232,7 +232,7 @@ class DreamerActor(core.Actor):
       t0 = time.perf_counter()
       self._adder.add(w, jax.tree_util.tree_map(lambda x: x[w], steps))
       self.timings['add_s'] += time.perf_counter() - t0
-      self.on_add(w)
+      self._on_add(w)
 
   def update(self, wait: bool = False) -> None:
     self._client.update(wait)
@@ -256,6 +256,11 @@ class DreamerActor(core.Actor):
         'latent': {'deter': latent['deter'], 'stoch': latent['stoch']},
     }
 
+  @property
+  def variable_client(self):
+    """Where the actor reads its params (``update()`` refreshes them)."""
+    return self._client
+
   def get_state(self) -> Dict[str, Any]:
     """Policy-rng position (JSON-able); the carry is not saved because envs
     restart their episodes after a resume (is_first resets it)."""
@@ -264,6 +269,32 @@ class DreamerActor(core.Actor):
   def set_state(self, state: Mapping[str, Any]) -> None:
     self.num_policy_calls = int(state['num_policy_calls'])
     self.reset()
+
+
+class VersionedVariableClient:
+  """acme's ``VariableClient`` over ('policy', 'num_updates') of a remote
+  learner (``experiments.layouts.distributed``): ``params`` is what the actor
+  reads, ``version`` the learner's update count they come from (the actors'
+  parameter-lag probe)."""
+
+  def __init__(self, source, update_period: int = 1):
+    from acme.jax import variable_utils
+    self._client = variable_utils.VariableClient(
+        source, ['policy', 'num_updates'], update_period=update_period)
+
+  @property
+  def params(self):
+    return self._client.params[0]
+
+  @property
+  def version(self) -> int:
+    return int(self._client.params[1])
+
+  def update(self, wait: bool = False) -> None:
+    self._client.update(wait)
+
+  def update_and_wait(self) -> None:
+    self._client.update_and_wait()
 
 
 class StaticVariableClient:

@@ -17,11 +17,12 @@ releases use.
   learner = builder.make_learner(key, nets, dataset, client, counter)
   policy  = builder.make_policy(nets)                    # agent.acting (7.1)
   actor   = builder.make_actor(key2, policy, adder, variable_source=learner)
+  schedule = builder.make_train_schedule()               # one process (6.1)
 
 In one process (``agent.local.DreamerAgent``) the learner is the variable
 source and the actor refreshes its params before each policy call; in
-separate processes (``experiments/distributed.py``) the same methods take a
-remote client and a remote variable source. Rate limiting: the uniform table's
+separate processes (``experiments/layouts/distributed/``) the same methods
+take a remote client and a remote variable source. Rate limiting: the uniform table's
 SampleToInsertRatio in both (``reverb_tables.tables``): ``'ratio_sync'`` for
 one process (a band that the exact spec 6.1 schedule never leaves),
 ``'ratio'`` for separate processes (spec 6.1 "parallel"). The dataset
@@ -41,12 +42,13 @@ from acme.utils import counting
 
 from agent import acting
 from agent import networks as nets_lib
-from agent.actor import DreamerActor, make_policy_fn
+from agent.actor import DreamerActor, VersionedVariableClient, make_policy_fn
 from agent.config import DreamerConfig
 from agent.learner import DreamerLearner, ReplayIterator
 from agent.types import EnvSpaces, step_spec
 from reverb_tables.adder import DEFAULT_CHUNK_LENGTH, WindowAdder
 from reverb_tables.latent_store import LatentStore
+from reverb_tables.ratio import TrainSchedule
 from reverb_tables.sampler import ReplaySampler
 from reverb_tables.tables import make_replay_tables
 
@@ -104,7 +106,12 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
 
   # -- replay ---------------------------------------------------------------------
   def make_replay_tables(self, environment_spec=None) -> List[reverb.Table]:
-    """``uniform`` + ``online`` tables (spec 5.1, 5.4, 6.1)."""
+    """``uniform`` + ``online`` tables (spec 5.1, 5.4, 6.1).
+
+    The uniform table's ``SampleToInsertRatio`` limiter holds train_ratio:
+    with 'ratio' (separate processes) it is what bounds the learner; with
+    'ratio_sync' (one process) it is a band around ``make_train_schedule``'s
+    exact schedule, which the schedule never leaves."""
     del environment_spec  # the step spec comes from (spaces, config)
     return make_replay_tables(self.step_spec, self.config, self._rate_limiter,
                               num_workers=self.num_envs,
@@ -134,6 +141,12 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     return ReplayIterator(sampler, store, prefetch=self._prefetch,
                           should_stop=should_stop, on_wait=on_wait,
                           device=device)
+
+  def make_train_schedule(self) -> TrainSchedule:
+    """The spec 6.1 / 6.2 schedule of one process: updates due after each
+    transition, train_ratio / (B*T) of them, gated on train_fill items
+    (``agent.local.ScheduledUpdates`` runs it)."""
+    return TrainSchedule(self.config)
 
   # -- learner / actor --------------------------------------------------------------
   def make_learner(self, random_key, networks: nets_lib.DreamerNetworks,

@@ -10,7 +10,7 @@ to names that later jax releases removed:
     other ``jax.tree_*`` aliases of ``jax.tree_util``)
 
 Import this module before ``import acme`` (``import agent`` does so); every
-Launchpad node runs it through its ``init_file`` (see ``experiments/lp_init.py``).
+Launchpad node runs it through its ``init_file`` (see ``experiments/layouts/distributed/lp_init.py``).
 ``install()`` adds exactly these aliases, never overrides a name jax still has,
 and is idempotent.
 """

@@ -23,7 +23,7 @@ later updates. ``save()`` / ``restore()`` round-trip the full
 count, rng) as numpy trees.
 
 The same learner runs in one process (``agent.local.DreamerAgent``) and as
-the Launchpad learner node (``experiments/lp_nodes.py``): the iterator only
+the Launchpad learner node (``experiments/layouts/distributed/learner.py``): the iterator only
 needs ``__next__`` and ``write_back`` (``ReplayIterator`` over a
 ``ReplaySampler`` on a Reverb client), and the learner is the
 ``core.VariableSource`` of the actors.

@@ -1,7 +1,7 @@
 r"""Distributed (Launchpad local_mp) vs single-process throughput.
 
 Runs the single-process loop (experiments/run_dmc.py) and the Launchpad
-program (experiments/launch_dmc.py) with 1, 2, 4 ... actors on the same
+program (experiments/run_dmc.py --distributed) with 1, 2, 4 ... actors on the same
 settings, each as a fresh subprocess with its own logdir, and reads their
 metrics.jsonl. Printed per run:
 
@@ -103,7 +103,7 @@ def _steady(rows: List[Dict[str, Any]], distributed: bool) -> Dict[str, Any]:
       return sum(vals) / len(vals) if vals else None
 
     out['learner_idle_frac'] = mean('learner/idle_frac')
-    out['actor_blocked_frac'] = mean('actor/add_frac')
+    out['actor_blocked_frac'] = mean('time/replay_add_frac')
     out['param_lag_updates'] = mean('actor/param_lag_updates_mean')
     lags = [r['actor/param_lag_updates_max'] for r in window
             if r.get('actor/param_lag_updates_max') is not None]
@@ -157,8 +157,9 @@ def main(argv):
   for k in [int(a) for a in FLAGS.actors]:
     logdir = os.path.join(work, f'actors{k}')
     shutil.rmtree(logdir, ignore_errors=True)
-    cmd = ([py, os.path.join(REPO, 'experiments', 'launch_dmc.py')] +
-           _common_flags(logdir) + [f'--num_actors={k}', '--stop_grace=30'])
+    cmd = ([py, os.path.join(REPO, 'experiments', 'run_dmc.py'),
+            '--distributed'] + _common_flags(logdir) +
+           [f'--num_actors={k}', '--stop_grace=30'])
     results.append(run_one(f'local_mp, {k} actor(s)', cmd, logdir, True))
     print(json.dumps(results[-1]), flush=True)
   print(f'\n{FLAGS.task} size={FLAGS.size} envs={FLAGS.num_envs} '

@@ -9,7 +9,7 @@
    jitted policy call per vector step (agent.actor.DreamerActor) with
    initial params. Prints env steps/s and the env / policy split.
 2. End to end at --train_ratio (512 = paper) per size: the single-process run
-   of experiments/train.py (acme EnvironmentLoop -> DreamerAgent with the
+   of experiments/layouts/local.py (acme EnvironmentLoop -> DreamerAgent with the
    per-transition schedule -> learner steps with write-back, the ratio
    limiter, the prefetching dataset) against an in-process Reverb server. It
    fills to the 1024-item gate (spec 6.2), runs the first update (compilation,
@@ -69,7 +69,7 @@ def bench_acting(size: str):
   from agent.actor import DreamerActor, StaticVariableClient
   from agent.builder import seed_keys
   from agent.config import make_config
-  from experiments.envs import VectorEnv
+  from experiments.envs.vector import VectorEnv
 
   c = make_config(size=size, compute_dtype=FLAGS.compute_dtype)
   envs = VectorEnv(FLAGS.task, FLAGS.num_envs, FLAGS.action_repeat, seed=0)
@@ -77,16 +77,16 @@ def bench_acting(size: str):
   params = acting.acting_params(nets.init(jax.random.PRNGKey(0)))
   actor = DreamerActor(acting.make_policy(nets), envs.spaces, FLAGS.num_envs,
                        seed_keys(0)['actor'], StaticVariableClient(params))
-  obs = envs.reset()
+  obs = envs.reset().observation
   for _ in range(5):                                   # compile + warm up
-    obs = envs.step(actor.select_action(obs))
+    obs = envs.step(actor.select_action(obs)).observation
   actor.timings['policy_s'] = 0.0
   t_env = 0.0
   t0 = time.perf_counter()
   for _ in range(FLAGS.acting_steps):
     action = actor.select_action(obs)
     t1 = time.perf_counter()
-    obs = envs.step(action)
+    obs = envs.step(action).observation
     t_env += time.perf_counter() - t1
   total = time.perf_counter() - t0
   n = FLAGS.acting_steps
@@ -125,8 +125,8 @@ def zero_cost_update(learner, batch):
 
 def bench_end_to_end(size: str, ceiling: bool, sync: bool):
   from agent.config import make_config
-  from experiments.rundir import RunConfig
-  from experiments.train import Trainer
+  from experiments.layouts.local import Trainer
+  from experiments.run.config import RunConfig
 
   c = make_config(size=size, train_ratio=FLAGS.train_ratio,
                   compute_dtype=FLAGS.compute_dtype)
@@ -162,10 +162,12 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
   first_update_s = learner.timings['update_s']
   gate_steps = trainer.agent_steps
   state.update(phase='timed', stop_at=gate_steps + FLAGS.after_gate)
-  mark_t, _, upd0, before = trainer._mark()
+  mark = trainer._tally()
+  mark_t, upd0, before = mark.t, mark.updates, mark.parts
   sample0, batches0 = trainer.dataset.sample_s, trainer.dataset.batches
   loop.run()
-  now_t, _, upd1, after = trainer._mark()
+  now = trainer._tally()
+  now_t, upd1, after = now.t, now.updates, now.parts
   total = now_t - mark_t
   split = {k: (after[k] - before[k]) / total for k in after
            if k not in ('eval', 'checkpoint')}

@@ -1,4 +1,4 @@
-"""The Launchpad program (experiments/distributed.py, experiments/launch_dmc.py).
+"""The Launchpad program (experiments/layouts/distributed/, run_dmc.py --distributed).
 
 Fast tests build the lp.Program without launching it and exercise the pieces
 the nodes are made of (worker-offset adders, the prefetching ReplayIterator,
@@ -25,8 +25,11 @@ import pytest
 from agent import synthetic, types
 from agent.config import make_config
 from agent.learner import ReplayIterator, StopRequested
-from experiments import distributed as dist_lib
-from experiments import rundir
+from experiments.layouts.distributed import lp_init, node_utils
+from experiments.layouts.distributed import program as program_lib
+from experiments.layouts.distributed import spec as spec_lib
+from experiments.run import rundir
+from experiments.run.config import RunConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
@@ -37,12 +40,12 @@ def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, **config_kw):
   config_kw.setdefault('batch_size', 2)
   config_kw.setdefault('batch_length', 8)
   config_kw.setdefault('replay_capacity', 10_000)
-  run = rundir.RunConfig(task='cartpole_swingup', logdir=str(tmp_path),
-                            env_steps=100, num_envs=num_envs,
-                            eval_episodes=eval_episodes)
-  return dist_lib.ProgramSpec(
+  run = RunConfig(task='cartpole_swingup', logdir=str(tmp_path),
+                  env_steps=100, num_envs=num_envs,
+                  eval_episodes=eval_episodes)
+  return spec_lib.ProgramSpec(
       run=run, config=make_config(**config_kw),
-      dist=dist_lib.DistributedConfig(num_actors=num_actors),
+      dist=spec_lib.DistributedConfig(num_actors=num_actors),
       spaces=synthetic.WALKER_SPACES, launch_dir=str(tmp_path / 'launch'))
 
 
@@ -51,11 +54,11 @@ def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, **config_kw):
 
 def test_program_groups_and_serialisation(tmp_path):
   spec = _spec(tmp_path, num_actors=2, num_envs=4)
-  program = dist_lib.build_program(spec)
+  program = program_lib.build_program(spec)
   sizes = {g: len(nodes) for g, nodes in program.groups.items()}
   assert sizes == {'replay': 1, 'counter': 1, 'learner': 1, 'actor': 2,
                    'evaluator': 1, 'limiter': 1}
-  assert set(sizes) <= set(dist_lib.GROUPS)
+  assert set(sizes) <= set(spec_lib.GROUPS)
   # Every node must travel to its process (local_mp pickles them).
   for nodes in program.groups.values():
     cloudpickle.dumps([node.function for node in nodes])
@@ -65,7 +68,7 @@ def test_program_groups_and_serialisation(tmp_path):
   assert len(learner.input_handles) == 2 + 2 + 1   # replay, counter, actors, eval
   for actor in program.groups['actor']:
     assert len(actor.input_handles) == 3
-  resources = dist_lib.local_resources(spec, '/x/lp_init.pkl', program.groups)
+  resources = program_lib.local_resources(spec, '/x/lp_init.pkl', program.groups)
   assert set(resources) == set(program.groups)
   for group, res in resources.items():
     assert res.args['init_file'] == '/x/lp_init.pkl'
@@ -75,7 +78,7 @@ def test_program_groups_and_serialisation(tmp_path):
 
 
 def test_program_without_evaluator_and_bad_split(tmp_path):
-  program = dist_lib.build_program(_spec(tmp_path, num_actors=3, num_envs=3,
+  program = program_lib.build_program(_spec(tmp_path, num_actors=3, num_envs=3,
                                          eval_episodes=0))
   sizes = {g: len(nodes) for g, nodes in program.groups.items()}
   assert sizes == {'replay': 1, 'counter': 1, 'learner': 1, 'actor': 3,
@@ -83,11 +86,10 @@ def test_program_without_evaluator_and_bad_split(tmp_path):
   with pytest.raises(ValueError, match='num_envs'):
     _spec(tmp_path, num_actors=3, num_envs=4)
   with pytest.raises(ValueError, match='num_actors'):
-    dist_lib.DistributedConfig(num_actors=0)
+    spec_lib.DistributedConfig(num_actors=0)
 
 
 def test_init_file_restores_compat(tmp_path):
-  from experiments import lp_init
   path = lp_init.write_init_file(str(tmp_path))
   code = ('import cloudpickle, sys; cloudpickle.load(open(sys.argv[1], "rb"))(); '
           'import jax; assert hasattr(jax, "tree_multimap"); '
@@ -222,7 +224,7 @@ def test_synced_counter_batches_and_flushes():
       return self.counter.increment(**kw)
 
   parent = Parent()
-  counter = dist_lib.SyncedCounter(parent, time_delta=3600)
+  counter = node_utils.SyncedCounter(parent, time_delta=3600)
   counter.increment(actor_steps=2)        # first call syncs (no sync yet)
   for _ in range(5):
     counts = counter.increment(actor_steps=2, env_steps=4)
@@ -246,10 +248,12 @@ def _alive(pid, created):
 
 
 def _run_launcher(logdir, *extra, timeout=240, on_poll=None):
-  """Runs launch_dmc.py; returns (returncode, output, {pid: create_time})."""
+  """Runs run_dmc.py --distributed; returns (returncode, output,
+  {pid: create_time})."""
   import psutil
-  cmd = [sys.executable, os.path.join(REPO, 'experiments', 'launch_dmc.py'),
-         f'--flagfile={SMOKE}', f'--logdir={logdir}', '--num_actors=2',
+  cmd = [sys.executable, os.path.join(REPO, 'experiments', 'run_dmc.py'),
+         '--distributed', f'--flagfile={SMOKE}', f'--logdir={logdir}',
+         '--num_actors=2',
          '--eval_every=0', '--eval_episodes=1', '--report=false',
          '--stop_grace=20', '--progress_every=5', *extra]
   log_path = os.path.join(os.path.dirname(str(logdir)),

@@ -1,8 +1,9 @@
-"""Acting through acme.EnvironmentLoop (experiments/env_loop.py) and the
-one-process agent with the Reverb rate limiter (agent/local.py): real
-dm_control tasks, a real Reverb server."""
+"""Acting through acme.EnvironmentLoop (experiments/run/env_loop.py) over the
+dm_env VectorEnv, and the one-process agent with the Reverb rate limiter
+(agent/local.py): real dm_control tasks, a real Reverb server."""
 import agent  # noqa: F401  (jax compat before acme)
 
+import dm_env
 import jax
 import numpy as np
 import pytest
@@ -13,9 +14,10 @@ from agent import acting
 from agent.actor import DreamerActor, StaticVariableClient
 from agent.builder import DreamerBuilder, seed_keys
 from agent.config import make_config
-from agent.local import DreamerAgent
-from experiments import env_loop
-from experiments.envs import DMCEnv, VectorEnv
+from agent.local import DreamerAgent, ScheduledUpdates
+from experiments.envs.dmc import DMCEnv
+from experiments.envs.vector import VectorEnv
+from experiments.run import env_loop
 from reverb_tables import tables as tables_lib
 from reverb_tables.ratio import TrainSchedule
 
@@ -62,16 +64,17 @@ def test_loop_is_an_acme_environment_loop_and_stores_what_a_manual_loop_stores(s
   manual = RecordingAdder(2)
   actor = _actor(setup, manual)
   envs = VectorEnv(TASK, 2, 2, seed=3, time_limit=0.1)   # 5-step episodes
-  obs = envs.reset()
+  obs = envs.reset().observation
   for _ in range(14):
     action = actor.select_action(obs)
-    nxt = envs.step(action, reset=obs['is_last'])
+    nxt = envs.step(action, reset=obs['is_last']).observation
     actor.observe(action, nxt)
     obs = nxt
   # The acme loop over the dm_env view of the same envs.
   looped = RecordingAdder(2)
   actor2 = _actor(setup, looped)
-  env = env_loop.VectorEnvironment(VectorEnv(TASK, 2, 2, seed=3, time_limit=0.1))
+  env = VectorEnv(TASK, 2, 2, seed=3, time_limit=0.1)
+  assert isinstance(env, dm_env.Environment)
   counter = counting.Counter()
   loop = env_loop.VectorEnvironmentLoop(env, actor2, counter)
   assert isinstance(loop, environment_loop.EnvironmentLoop)
@@ -98,7 +101,7 @@ def test_envs_ending_at_different_times_keep_per_env_boundaries(setup):
   venv = VectorEnv(TASK, 2, 2, seed=0, time_limit=0.1)
   venv.envs[1].close()
   venv.envs[1] = DMCEnv(TASK, 2, seed=7, time_limit=0.16)   # 8-step episodes
-  env = env_loop.VectorEnvironment(venv)
+  env = venv
   adder = RecordingAdder(2)
   episodes = []
   observer = env_loop.EpisodeObserver(2, on_episode=episodes.append)
@@ -121,7 +124,7 @@ def test_envs_ending_at_different_times_keep_per_env_boundaries(setup):
 
 
 def test_eval_episodes_one_score_per_env(setup):
-  env = env_loop.VectorEnvironment(VectorEnv(TASK, 3, 2, seed=1, time_limit=0.1))
+  env = VectorEnv(TASK, 3, 2, seed=1, time_limit=0.1)
   scores, lengths = env_loop.run_eval_episodes(_actor(setup, None, n=3), env)
   assert scores.shape == (3,) and (lengths == 6).all()
   env.close()
@@ -136,14 +139,15 @@ def _agent_run(setup, schedule_ratio, vector_steps):
   dataset = builder.make_dataset_iterator(client)
   learner = builder.make_learner(seed_keys(0)['learner'], nets, dataset, client,
                                  counting.Counter())
-  actor = builder.make_actor(seed_keys(0)['actor'], builder.make_policy(nets),
-                             adder, learner)
   schedule = TrainSchedule(make_config(**{**config.__dict__,
                                           'train_ratio': schedule_ratio}))
-  agent_ = DreamerAgent(actor, learner, schedule, lambda: adder.num_items,
-                        lambda k: tables_lib.can_sample(client, k),
-                        2 * config.batch_size)
-  env = env_loop.VectorEnvironment(VectorEnv(TASK, 2, 2, seed=0, time_limit=1.0))
+  updates = ScheduledUpdates(learner, schedule, lambda: adder.num_items,
+                             lambda k: tables_lib.can_sample(client, k),
+                             2 * config.batch_size)
+  actor = builder.make_actor(seed_keys(0)['actor'], builder.make_policy(nets),
+                             adder, learner, on_add=updates)
+  agent_ = DreamerAgent(actor, learner, updates)
+  env = VectorEnv(TASK, 2, 2, seed=0, time_limit=1.0)
   steps = []
   loop = env_loop.VectorEnvironmentLoop(
       env, agent_, should_stop=lambda: steps.append(1) or len(steps) > vector_steps)

@@ -1,4 +1,4 @@
-"""Tests of experiments/envs.py against real dm_control (spec 7.1-7.5, 7.7, 2.15)."""
+"""Tests of experiments/envs/dmc.py and vector.py against real dm_control (spec 7.1-7.5, 7.7, 2.15)."""
 
 import os
 
@@ -11,7 +11,7 @@ import pytest
 from dm_control import suite
 
 from agent.types import EnvSpaces
-from experiments import envs
+from experiments.envs import dmc, vector
 
 # cartpole: control timestep 0.01 s, so time_limit 0.1 s = 10 control steps.
 SHORT = 0.1
@@ -40,33 +40,33 @@ class _Recorder:
 
 def test_proprio_task_list_and_parse():
   """Spec 7.5/7.7: the 18 DMC-proprio tasks all resolve; underscore domains work."""
-  assert len(envs.DMC_PROPRIO_TASKS) == 18
-  assert len(set(envs.DMC_PROPRIO_TASKS)) == 18
-  assert 'quadruped_walk' not in envs.DMC_PROPRIO_TASKS
-  for name in envs.DMC_PROPRIO_TASKS:
-    domain, task = envs.parse_task(name)
+  assert len(dmc.DMC_PROPRIO_TASKS) == 18
+  assert len(set(dmc.DMC_PROPRIO_TASKS)) == 18
+  assert 'quadruped_walk' not in dmc.DMC_PROPRIO_TASKS
+  for name in dmc.DMC_PROPRIO_TASKS:
+    domain, task = dmc.parse_task(name)
     assert (domain, task) in suite.ALL_TASKS
     assert f'{domain}_{task}' == name
-  assert envs.parse_task('walker_walk') == ('walker', 'walk')
-  assert envs.parse_task('ball_in_cup_catch') == ('ball_in_cup', 'catch')
-  assert envs.parse_task('cartpole_swingup_sparse') == ('cartpole', 'swingup_sparse')
-  assert envs.parse_task('point_mass_easy') == ('point_mass', 'easy')
-  assert envs.parse_task('dmc_walker_walk') == ('walker', 'walk')  # anchor naming
-  assert envs.parse_task('cup_catch') == ('ball_in_cup', 'catch')  # reference alias
+  assert dmc.parse_task('walker_walk') == ('walker', 'walk')
+  assert dmc.parse_task('ball_in_cup_catch') == ('ball_in_cup', 'catch')
+  assert dmc.parse_task('cartpole_swingup_sparse') == ('cartpole', 'swingup_sparse')
+  assert dmc.parse_task('point_mass_easy') == ('point_mass', 'easy')
+  assert dmc.parse_task('dmc_walker_walk') == ('walker', 'walk')  # anchor naming
+  assert dmc.parse_task('cup_catch') == ('ball_in_cup', 'catch')  # reference alias
   for domain, task in suite.ALL_TASKS:
-    assert envs.parse_task(f'{domain}_{task}') == (domain, task)
+    assert dmc.parse_task(f'{domain}_{task}') == (domain, task)
 
 
 def test_unknown_task_lists_valid_tasks():
   """Spec 7.5: an unknown task name fails loudly and lists the valid names."""
   with pytest.raises(ValueError) as err:
-    envs.parse_task('walker_fly')
+    dmc.parse_task('walker_fly')
   msg = str(err.value)
   assert "'walker_fly'" in msg
   for name in ('walker_walk', 'ball_in_cup_catch', 'cartpole_swingup_sparse'):
     assert name in msg
   with pytest.raises(ValueError, match='Valid tasks'):
-    envs.DMCEnv('not_a_task')
+    dmc.DMCEnv('not_a_task')
 
 
 # --- observations and reset (spec 7.5, 7.2, 2.15) -------------------------------
@@ -74,7 +74,7 @@ def test_unknown_task_lists_valid_tasks():
 
 def test_obs_keys_dtypes_and_spaces():
   """Spec 7.5: each dm_control key is a float32 vector; scalars become (1,)."""
-  env = envs.DMCEnv('walker_walk', seed=0)
+  env = dmc.DMCEnv('walker_walk', seed=0)
   obs = env.reset()
   assert env.spaces == EnvSpaces(
       obs={'orientations': (14,), 'height': (1,), 'velocity': (9,)}, act_dim=6)
@@ -92,23 +92,23 @@ def test_obs_keys_dtypes_and_spaces():
 
 def test_reset_semantics():
   """Spec 7.2 / 2.15: a reset obs has reward 0, is_first, not last or terminal."""
-  env = envs.DMCEnv('cartpole_swingup', seed=1)
+  env = dmc.DMCEnv('cartpole_swingup', seed=1)
   obs = env.reset()
   assert obs['reward'] == 0 and obs['is_first']
   assert not obs['is_last'] and not obs['is_terminal']
   obs = env.step(np.ones(1))
   assert not obs['is_first'] and obs['reward'] > 0
   # A step before any reset is a reset (the driver's initial reset=True).
-  fresh = envs.DMCEnv('cartpole_swingup', seed=1)
+  fresh = dmc.DMCEnv('cartpole_swingup', seed=1)
   obs = fresh.step(np.ones(1))
   assert obs['is_first'] and obs['reward'] == 0 and fresh.control_steps == 0
 
 
 def test_same_seed_same_episode():
   """Spec 7.5: task_kwargs random=seed makes the env reproducible."""
-  a = envs.DMCEnv('walker_walk', seed=7).reset()
-  b = envs.DMCEnv('walker_walk', seed=7).reset()
-  c = envs.DMCEnv('walker_walk', seed=8).reset()
+  a = dmc.DMCEnv('walker_walk', seed=7).reset()
+  b = dmc.DMCEnv('walker_walk', seed=7).reset()
+  c = dmc.DMCEnv('walker_walk', seed=8).reset()
   np.testing.assert_array_equal(a['orientations'], b['orientations'])
   assert not np.array_equal(a['orientations'], c['orientations'])
 
@@ -118,7 +118,7 @@ def test_same_seed_same_episode():
 
 def test_action_repeat_sums_rewards_like_raw_env():
   """Spec 7.5: one agent step = 2 dm_control steps with summed reward."""
-  env = envs.DMCEnv('walker_walk', action_repeat=2, seed=3)
+  env = dmc.DMCEnv('walker_walk', action_repeat=2, seed=3)
   raw = suite.load('walker', 'walk', task_kwargs={'random': 3})
   obs, ts = env.reset(), raw.reset()
   np.testing.assert_array_equal(obs['velocity'], ts.observation['velocity'].astype(np.float32))
@@ -137,7 +137,7 @@ def test_action_repeat_sums_rewards_like_raw_env():
 
 def test_time_limit_is_last_not_terminal_and_next_step_resets():
   """Spec 7.2/7.5: DMC time limit gives is_last and not is_terminal; then a reset."""
-  env = envs.DMCEnv('cartpole_swingup', action_repeat=2, seed=0, time_limit=SHORT)
+  env = dmc.DMCEnv('cartpole_swingup', action_repeat=2, seed=0, time_limit=SHORT)
   env.reset()
   flags = [env.step(np.zeros(1)) for _ in range(5)]  # 10 control steps
   assert [bool(o['is_last']) for o in flags] == [False] * 4 + [True]
@@ -149,7 +149,7 @@ def test_time_limit_is_last_not_terminal_and_next_step_resets():
 
 def test_full_dmc_episode_is_500_agent_steps():
   """Spec 7.5: a DMC episode is 1000 env steps = 500 agent steps at repeat 2."""
-  env = envs.DMCEnv('cartpole_balance', action_repeat=2, seed=0)
+  env = dmc.DMCEnv('cartpole_balance', action_repeat=2, seed=0)
   env.reset()
   for i in range(1, 501):
     obs = env.step(np.zeros(1))
@@ -159,7 +159,7 @@ def test_full_dmc_episode_is_500_agent_steps():
 
 def test_action_repeat_stops_early_at_episode_end():
   """Spec 7.5: the repeat stops at is_last; the last agent step is shorter."""
-  env = envs.DMCEnv('cartpole_swingup', action_repeat=3, seed=0, time_limit=SHORT)
+  env = dmc.DMCEnv('cartpole_swingup', action_repeat=3, seed=0, time_limit=SHORT)
   env.reset()
   out = [env.step(np.zeros(1)) for _ in range(4)]  # 3 + 3 + 3 + 1 control steps
   assert out[-1]['is_last'] and not any(o['is_last'] for o in out[:-1])
@@ -168,7 +168,7 @@ def test_action_repeat_stops_early_at_episode_end():
 
 def test_discount_zero_is_terminal_and_stops_repeat():
   """Spec 7.2: is_terminal = (discount == 0); spec 7.5: the repeat stops there."""
-  env = envs.DMCEnv('cartpole_swingup', action_repeat=4, seed=0)
+  env = dmc.DMCEnv('cartpole_swingup', action_repeat=4, seed=0)
   env.reset()
 
   def terminate(inner, action):
@@ -187,7 +187,7 @@ def test_discount_zero_is_terminal_and_stops_repeat():
 
 def test_actions_clipped_then_mapped_for_the_env():
   """Spec 7.4: ClipAction then NormalizeAction; the env sees the clipped action."""
-  env = envs.DMCEnv('walker_walk', seed=0)
+  env = dmc.DMCEnv('walker_walk', seed=0)
   env.reset()
   env._env = _Recorder(env._env)
   action = np.array([5.0, -7.0, 0.5, -0.25, 1.0, -1.0])
@@ -205,7 +205,7 @@ def test_actions_clipped_then_mapped_for_the_env():
 
 def test_bad_actions_raise_value_error():
   """Spec 7.4: NaN/inf or wrongly shaped actions are rejected with a clear error."""
-  env = envs.DMCEnv('walker_walk', seed=0)
+  env = dmc.DMCEnv('walker_walk', seed=0)
   env.reset()
   with pytest.raises(ValueError, match='non-finite'):
     env.step(np.array([0, 0, np.nan, 0, 0, 0]))
@@ -218,7 +218,7 @@ def test_bad_actions_raise_value_error():
   with pytest.raises(ValueError, match='numeric'):
     env.step(np.array(['a'] * 6))
   with pytest.raises(ValueError, match='action_repeat'):
-    envs.DMCEnv('walker_walk', action_repeat=0)
+    dmc.DMCEnv('walker_walk', action_repeat=0)
 
 
 # --- vector env (spec 7.1, 7.2, Algorithm K) -----------------------------------------
@@ -226,18 +226,18 @@ def test_bad_actions_raise_value_error():
 
 def test_vector_env_batches_and_seeds():
   """Spec 7.1: lock-step batch with leading [N]; env i seeded seed*1000 + i."""
-  venv = envs.VectorEnv('walker_walk', num_envs=3, action_repeat=2, seed=2)
-  obs = venv.reset()
+  venv = vector.VectorEnv('walker_walk', num_envs=3, action_repeat=2, seed=2)
+  obs = venv.reset().observation
   assert obs['orientations'].shape == (3, 14) and obs['height'].shape == (3, 1)
   assert obs['orientations'].dtype == np.float32
   assert obs['reward'].shape == (3,) and obs['reward'].dtype == np.float32
   assert obs['is_first'].all() and not obs['is_last'].any()
   assert (obs['reward'] == 0).all()
   assert [e.seed for e in venv.envs] == [2000, 2001, 2002]
-  single = envs.DMCEnv('walker_walk', seed=2001).reset()
+  single = dmc.DMCEnv('walker_walk', seed=2001).reset()
   np.testing.assert_array_equal(obs['orientations'][1], single['orientations'])
   assert not np.array_equal(obs['orientations'][0], obs['orientations'][1])
-  obs = venv.step(np.zeros((3, 6)))
+  obs = venv.step(np.zeros((3, 6))).observation
   assert not obs['is_first'].any()
   assert venv.agent_steps == 6 and venv.env_steps == 12
   with pytest.raises(ValueError, match='shape'):
@@ -250,50 +250,50 @@ def test_vector_env_num_envs_validation():
   """Spec 7.5: num_envs must be a positive integer."""
   for bad in (0, -1, 1.5, True):
     with pytest.raises(ValueError, match='num_envs'):
-      envs.VectorEnv('cartpole_swingup', num_envs=bad)
+      vector.VectorEnv('cartpole_swingup', num_envs=bad)
 
 
 def test_vector_env_resets_is_last_envs_on_next_step():
   """Spec 7.2 / Algorithm K: envs whose obs was is_last are reset, the others step."""
-  venv = envs.VectorEnv('cartpole_swingup', num_envs=3, action_repeat=2, seed=0,
+  venv = vector.VectorEnv('cartpole_swingup', num_envs=3, action_repeat=2, seed=0,
                         time_limit=SHORT)  # 5 agent steps per episode
   venv.reset()
   act = np.zeros((3, 1))
   venv.step(act)
-  obs = venv.step(act, reset=np.array([True, False, False]))  # desync env 0
+  obs = venv.step(act, reset=np.array([True, False, False])).observation  # desync env 0
   assert obs['is_first'].tolist() == [True, False, False]
   for _ in range(3):
-    obs = venv.step(act)
+    obs = venv.step(act).observation
   assert obs['is_last'].tolist() == [False, True, True]
-  obs = venv.step(act)
+  obs = venv.step(act).observation
   assert obs['is_first'].tolist() == [False, True, True]
   assert obs['reward'][1:].tolist() == [0.0, 0.0] and obs['reward'][0] > 0
   assert not obs['is_last'].any()  # env 0 is at agent step 4 of 5
-  obs = venv.step(act)
+  obs = venv.step(act).observation
   assert obs['is_last'].tolist() == [True, False, False]  # env 0 ends 2 steps later
-  obs = venv.step(act)
+  obs = venv.step(act).observation
   assert obs['is_first'].tolist() == [True, False, False]
   assert venv.agent_steps == 3 * 9 and venv.env_steps == 2 * 3 * 9
 
 
 def test_episode_tracker_scores_and_lengths():
   """Spec 7.7: episode score = return from is_first to is_last; length counts the first obs."""
-  venv = envs.VectorEnv('cartpole_swingup', num_envs=2, action_repeat=2, seed=0,
+  venv = vector.VectorEnv('cartpole_swingup', num_envs=2, action_repeat=2, seed=0,
                         time_limit=SHORT)
-  tracker = envs.EpisodeTracker(2)
-  obs = venv.reset()
+  tracker = vector.EpisodeTracker(2)
+  obs = venv.reset().observation
   assert tracker.update(obs) == []
   rewards = [obs['reward'].astype(np.float64)]
   finished = []
   for _ in range(5):
-    obs = venv.step(np.ones((2, 1)))
+    obs = venv.step(np.ones((2, 1))).observation
     rewards.append(obs['reward'].astype(np.float64))
     finished += tracker.update(obs, env_step=venv.env_steps)
   assert [e.env_index for e in finished] == [0, 1]
   for e in finished:
     assert e.length == 6 and e.env_step == venv.env_steps
     assert e.score == pytest.approx(sum(r[e.env_index] for r in rewards))
-  assert tracker.update(venv.step(np.ones((2, 1)))) == []  # new episodes start
+  assert tracker.update(venv.step(np.ones((2, 1))).observation) == []  # new episodes start
   with pytest.raises(ValueError, match='is_first'):
-    envs.EpisodeTracker(1).update({'reward': [1.0], 'is_first': [False],
+    vector.EpisodeTracker(1).update({'reward': [1.0], 'is_first': [False],
                                    'is_last': [False]})

@@ -3,7 +3,7 @@ and watching runs (videos, open-loop PNG, report links); spec 3.14, 7.2, 7.3.
 
 The runs are real subprocesses of experiments/run_dmc.py (gym CartPole-v1 and
 smoke.flags' dm_control task, tiny model, Reverb) followed by
-experiments/watch.py on their checkpoints.
+experiments/tools/watch.py on their checkpoints.
 """
 
 import agent  # noqa: F401  (jax compat before acme)
@@ -22,14 +22,15 @@ from agent import acting
 from agent.actor import DreamerActor, StaticVariableClient
 from agent.builder import DreamerBuilder, seed_keys
 from agent.config import make_config
-from experiments import env_loop, run_dmc
-from experiments.envs import VectorEnv
+from experiments import run_dmc
+from experiments.envs.vector import VectorEnv
+from experiments.run import env_loop
 from tests.test_env_loop import RecordingAdder
 from tests.test_suites import ToyEnv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, 'experiments', 'run_dmc.py')
-WATCH = os.path.join(REPO, 'experiments', 'watch.py')
+WATCH = os.path.join(REPO, 'experiments', 'tools', 'watch.py')
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
 # smoke.flags' settings without the dm_control-only --time_limit.
 GYM_TINY = ['--suite=gym', '--task=CartPole-v1', '--size=tiny', '--batch_size=4',
@@ -56,8 +57,7 @@ def test_discrete_actor_stores_one_hot_and_sends_indices():
   the policy's 'mode' (eval_policy=mode) is the argmax of its logits."""
   config = make_config(size='tiny', batch_size=2, batch_length=8, imag_horizon=4,
                        latent_store_dtype='float32')
-  env = env_loop.VectorEnvironment(VectorEnv('CartPole-v1', 3, 1, seed=0,
-                                             suite='gym'))
+  env = VectorEnv('CartPole-v1', 3, 1, seed=0, suite='gym')
   assert env.spaces.discrete and env.action_spec().shape == (3,)
   builder = DreamerBuilder(config, env.spaces, num_envs=3)
   nets = builder.make_networks()
@@ -67,12 +67,14 @@ def test_discrete_actor_stores_one_hot_and_sends_indices():
                        StaticVariableClient(params), adder)
   sent = []
 
-  class Spy(env_loop.VectorEnvironment):
-    def step(self, action):
-      sent.append(np.array(action))
-      return super().step(action)
+  step = env.step
 
-  spy = Spy(env.envs)
+  def spy_step(action, reset=None):
+    sent.append(np.array(action))
+    return step(action, reset)
+
+  env.step = spy_step
+  spy = env
   loop = env_loop.VectorEnvironmentLoop(spy, actor, counting.Counter(),
                                         should_stop=lambda: len(sent) >= 40)
   loop.run(num_episodes=1)
@@ -104,7 +106,7 @@ def gym_run(tmp_path_factory):
 
 def test_gym_cartpole_trains_evaluates_and_watches(gym_run):
   """A real gym task (discrete) through the whole run: metrics, eval (argmax
-  policy), scores, flags.txt; then watch.py writes a GIF and the open-loop PNG
+  policy), scores, flags.txt; then tools/watch.py writes a GIF and the open-loop PNG
   and the report links them."""
   logdir = gym_run
   assert '--suite=gym' in (logdir / 'flags.txt').read_text()
@@ -122,7 +124,7 @@ def test_gym_cartpole_trains_evaluates_and_watches(gym_run):
   frames = imageio.mimread(str(logdir / 'watch' / 'ep.gif'))
   assert len(frames) > 16 and frames[0].shape[-1] in (3, 4)
   assert (logdir / 'watch' / 'openloop.png').stat().st_size > 10_000
-  from experiments.report import make_report
+  from experiments.tools.report import make_report
   table = make_report(str(logdir), str(logdir / 'r.png'))
   assert 'ep.gif' in table and 'openloop.png' in table
 
@@ -149,7 +151,7 @@ def test_watch_smoke_run_mp4_and_open_loop(tmp_path):
 
 
 def test_bad_suite_flags_fail_before_anything_is_written(tmp_path):
-  for extra, match in ((['--suite=gym', '--task=walker_walk'], 'task of --suite'),
+  for extra, match in ((['--suite=gym', '--task=walker_walk'], "Unknown gym task 'walker_walk'"),
                        (['--suite=gym', '--task=CartPole-v1'], 'time_limit')):
     logdir = tmp_path / 'x'
     code, log = _run([RUN, f'--flagfile={SMOKE}', f'--logdir={logdir}', *extra])

@@ -1,4 +1,4 @@
-"""Tests of experiments/report.py: score curves vs the official DreamerV3 anchors (spec 7.7)."""
+"""Tests of experiments/tools/report.py: score curves vs the official DreamerV3 anchors (spec 7.7)."""
 
 import gzip
 import json
@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import report
+from experiments.run import rundir
+from experiments.tools import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -35,7 +36,7 @@ def _fake_run(logdir, seeds=(0, 1), task='walker_walk', last_step=100_000):
 def test_anchor_file_matches_spec_7_7():
   """Spec 7.7: 18 tasks x 5 seeds, xs 10K..490K; task mean 757.8 / median 868.5 at 490K."""
   anchors = report.load_anchors()
-  from experiments.envs import DMC_PROPRIO_TASKS
+  from experiments.envs.dmc import DMC_PROPRIO_TASKS
   assert sorted(anchors) == sorted(DMC_PROPRIO_TASKS)
   means = []
   for anchor in anchors.values():
@@ -89,13 +90,13 @@ def test_several_logdirs_and_tasks(tmp_path):
 
 def test_append_score_round_trip(tmp_path):
   """append_score writes the lines the report reads."""
-  report.append_score(tmp_path, 'walker_walk', 2004, 12.5, seed=1)
-  report.append_score(tmp_path, 'walker_walk', 1002, 10.0, seed=1)
+  rundir.append_score(tmp_path, 'walker_walk', 2004, 12.5, seed=1)
+  rundir.append_score(tmp_path, 'walker_walk', 1002, 10.0, seed=1)
   (run,) = report.load_scores(tmp_path)['walker_walk']
   assert run.seed == 1 and run.steps.tolist() == [1002, 2004]
   assert run.scores.tolist() == [10.0, 12.5]
   with pytest.raises(ValueError, match='finite'):
-    report.append_score(tmp_path, 'walker_walk', 3006, float('nan'), seed=1)
+    rundir.append_score(tmp_path, 'walker_walk', 3006, float('nan'), seed=1)
 
 
 def test_bad_inputs_fail_clearly(tmp_path):
@@ -116,17 +117,17 @@ def test_bad_inputs_fail_clearly(tmp_path):
 
 
 def test_cli(tmp_path):
-  """`python experiments/report.py --logdir DIR --out PNG` prints the table."""
+  """`python experiments/tools/report.py --logdir DIR --out PNG` prints the table."""
   _fake_run(str(tmp_path / 'run'))
   out = tmp_path / 'cli.png'
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'experiments', 'report.py'),
+      [sys.executable, os.path.join(ROOT, 'experiments', 'tools', 'report.py'),
        '--logdir', str(tmp_path / 'run'), '--out', str(out)],
       capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
   assert proc.returncode == 0, proc.stderr
   assert '| walker_walk |' in proc.stdout and 'official mean' in proc.stdout
   assert out.exists()
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'experiments', 'report.py'),
+      [sys.executable, os.path.join(ROOT, 'experiments', 'tools', 'report.py'),
        '--logdir', str(tmp_path / 'nope')], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and 'error:' in proc.stderr

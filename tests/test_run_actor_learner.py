@@ -16,7 +16,7 @@ from agent.actor import DreamerActor, NonFiniteActionError, StaticVariableClient
 from agent.builder import DreamerBuilder, seed_keys
 from agent.config import make_config
 from agent.learner import DreamerLearner
-from experiments.envs import VectorEnv
+from experiments.envs.vector import VectorEnv
 from reverb_tables.tables import make_server
 
 TASK = 'cartpole_swingup'
@@ -111,14 +111,14 @@ def test_actor_stores_unclipped_action_zeroed_at_is_last(parts, envs, replay,
   actor = DreamerActor(acting.make_policy(nets), envs.spaces, 2,
                        seed_keys(1)['actor'], StaticVariableClient(_params(nets)),
                        replay.adder)
-  obs = envs.reset()
+  obs = envs.reset().observation
   returned = []
   flags = []
   for _ in range(2 * config.seq_len + 5):
     action = actor.select_action(obs)
     returned.append(action.copy())
     flags.append(obs['is_last'].copy())
-    nxt = envs.step(action, reset=obs['is_last'])
+    nxt = envs.step(action, reset=obs['is_last']).observation
     actor.observe(action, nxt)
     obs = nxt
   replay.adder.flush()
@@ -151,7 +151,7 @@ def test_actor_non_finite_actions_raise_before_env_and_replay(parts, envs,
   actor = DreamerActor(acting.make_policy(nets), envs.spaces, 2,
                        seed_keys(0)['actor'], StaticVariableClient(params),
                        replay.adder)
-  obs = envs.reset()
+  obs = envs.reset().observation
   with pytest.raises(NonFiniteActionError, match='non-finite'):
     actor.select_action(obs)
   assert replay.adder.lengths.tolist() == [0, 0]
@@ -169,11 +169,11 @@ def _fill(builder, nets, replay, envs, steps, learner=None):
   else:
     actor = builder.make_actor(seed_keys(0)['actor'], builder.make_policy(nets),
                                replay.adder, source)
-  obs = envs.reset()
+  obs = envs.reset().observation
   for _ in range(steps):
     actor.update(wait=True)
     action = actor.select_action(obs)
-    nxt = envs.step(action, reset=obs['is_last'])
+    nxt = envs.step(action, reset=obs['is_last']).observation
     actor.observe(action, nxt)
     obs = nxt
   replay.adder.flush()
@@ -275,12 +275,12 @@ def test_builder_actor_learner_loop_follows_schedule(parts, envs, replay, config
 
   actor = builder.make_actor(seed_keys(0)['actor'], builder.make_policy(nets),
                              replay.adder, learner, on_add=on_add)
-  obs = envs.reset()
+  obs = envs.reset().observation
   actor.update(wait=True)
   before = jax.tree_util.tree_map(np.asarray, actor._client.params)
   for _ in range(config.seq_len + 12):
     action = actor.select_action(obs)
-    nxt = envs.step(action, reset=obs['is_last'])
+    nxt = envs.step(action, reset=obs['is_last']).observation
     actor.observe(action, nxt)
     actor.update(wait=True)
     obs = nxt
@@ -311,11 +311,11 @@ def test_eval_policy_mode_is_deterministic_action(parts, envs):
                  else builder.make_policy(nets))
     actor = DreamerActor(policy, envs.spaces, 2, seed_keys(3)['eval'], params,
                          mode=m)
-    obs = envs.reset()
+    obs = envs.reset().observation
     out = []
     for _ in range(40):
       out.append(actor.select_action(obs))
-      obs = envs.step(out[-1], reset=obs['is_last'])
+      obs = envs.step(out[-1], reset=obs['is_last']).observation
     acts[mode] = np.stack(out)
   assert (np.abs(acts['sample']) > 1).any()
   assert (np.abs(acts['mode']) <= 1).all()

@@ -10,6 +10,7 @@ import agent  # noqa: F401  (jax compat before acme)
 
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -20,9 +21,9 @@ import numpy as np
 import pytest
 from absl import flags
 
-from experiments import run_dmc
-from experiments import rundir
-from experiments import train as train_lib
+from experiments import options
+from experiments.layouts import local
+from experiments.run import rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
@@ -59,7 +60,7 @@ def test_smoke_train_kill_resume_eval(tmp_path):
       if ckpt:
         try:
           with open(os.path.join(ckpt, rundir.RUN_STATE_FILE)) as f:
-            counters = json.load(f)['counters']
+            counters = json.load(f)['learner']
         except (OSError, ValueError):   # being pruned right now
           counters = {'updates': 0}
         if counters['updates'] > 0:
@@ -86,9 +87,10 @@ def test_smoke_train_kill_resume_eval(tmp_path):
   assert len(ckpts) == 1
   with open(os.path.join(ckpts[0], rundir.RUN_STATE_FILE)) as f:
     state = json.load(f)
-  c = state['counters']
+  assert state['schema'] == rundir.RUN_STATE_SCHEMA
   assert state['segment'] >= 1
-  assert c['env_steps'] >= 1000 and c['updates'] > killed_at['updates']
+  assert state['counts']['env_steps'] >= 1000
+  assert state['learner']['updates'] > killed_at['updates']
   reverb_dirs = os.listdir(logdir / 'checkpoints' / 'reverb')
   assert len(reverb_dirs) == 1
 
@@ -105,7 +107,7 @@ def test_smoke_train_kill_resume_eval(tmp_path):
               'train/loss/total', 'time/learner_update_frac'):
     assert any(r.get(key) is not None for r in train_rows), key
   assert eval_rows[-1]['eval/policy'] == 'mode'        # --eval_policy honoured
-  assert eval_rows[-1]['env_step'] == c['env_steps']
+  assert eval_rows[-1]['env_step'] == state['counts']['env_steps']
   scores = _read_jsonl(logdir / 'scores.jsonl')
   assert scores and all(set(s) == {'task', 'env_step', 'score', 'seed'} for s in scores)
   assert [s['env_step'] for s in scores] == sorted(s['env_step'] for s in scores)
@@ -115,17 +117,18 @@ def test_smoke_train_kill_resume_eval(tmp_path):
   assert (logdir / 'report.png').stat().st_size > 1000
 
   # The saved policy acts (notebook API).
-  from experiments.envs import VectorEnv
-  from experiments.load_policy import load_policy
+  from experiments.envs.vector import VectorEnv
+  from experiments.tools.load_policy import load_policy
   policy = load_policy(str(logdir))
-  assert policy.task == 'cartpole_swingup' and policy.env_steps == c['env_steps']
+  assert (policy.task == 'cartpole_swingup' and
+          policy.env_steps == state['counts']['env_steps'])
   envs = VectorEnv(policy.task, num_envs=3, action_repeat=2, seed=5, time_limit=0.2)
-  obs = envs.reset()
+  obs = envs.reset().observation
   policy.reset(3)
   for mode in ('sample', 'mode', 'sample'):
     action = policy.act(obs, mode=mode)
     assert action.shape == (3, envs.act_dim) and np.isfinite(action).all()
-    obs = envs.step(action, reset=obs['is_last'])
+    obs = envs.step(action).observation
   envs.close()
 
   # Re-running a finished run trains nothing and keeps everything.
@@ -174,7 +177,7 @@ def test_clean_checkpoints_after_kill_mid_save(tmp_path):
 
 def _parse(*argv):
   fv = flags.FlagValues()
-  run_dmc.define_flags(fv)
+  options.define_flags(fv)
   fv(['run_dmc.py', *argv])
   return fv
 
@@ -215,7 +218,7 @@ def test_config_overrides_are_type_checked_before_anything_is_written(
                        timeout=120)
   assert out.returncode != 0 and entry.split('=')[0] in out.stderr
   assert not (tmp_path / 'r').exists()
-  ok = run_dmc.parse_overrides(['lr=1', 'warmup=10.0', 'units_override=None'])
+  ok = options.parse_overrides(['lr=1', 'warmup=10.0', 'units_override=None'])
   assert ok == {'lr': 1.0, 'warmup': 10, 'units_override': None}
   assert isinstance(ok['lr'], float) and isinstance(ok['warmup'], int)
 
@@ -232,7 +235,7 @@ def test_bad_enum_and_missing_logdir():
 def test_flags_build_configs_and_overrides(tmp_path):
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}',
               '--config_overrides=lr=1e-4', '--config_overrides=online_queue=False')
-  run, config = run_dmc.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   assert config.size == 'tiny' and config.lr == 1e-4 and not config.online_queue
   assert config.train_fill == config.batch_size * config.batch_length
   assert run.env_steps == 600 and run.num_envs == 2 and run.eval_policy == 'sample'
@@ -240,22 +243,22 @@ def test_flags_build_configs_and_overrides(tmp_path):
   # Capacity below one batch is rejected with the flag name.
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}', '--replay_capacity=10')
   with pytest.raises(ValueError, match='--replay_capacity'):
-    run_dmc.configs_from_flags(fv)
+    options.configs_from_flags(fv)
 
 
 def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_path):
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file" / "run"}')
   (tmp_path / 'file').write_text('not a directory')
-  run, config = run_dmc.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   with pytest.raises(ValueError, match='--logdir'):
-    train_lib.Trainer(run, config)
+    local.Trainer(run, config)
   # A logdir with a checkpoint of another size: error names the difference,
   # and nothing in the directory changes.
   logdir = tmp_path / 'old'
   ckpt = logdir / 'checkpoints' / 'ckpt-000000000010'
   ckpt.mkdir(parents=True)
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={logdir}')
-  run, config = run_dmc.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   saved = {'config': {**json.loads(json.dumps(vars_of(config))), 'size': 'size1m'},
            'run': {k: getattr(run, k) for k in rundir.RESUME_FIXED}}
   (ckpt / rundir.CONFIG_FILE).write_text(json.dumps(saved))
@@ -263,7 +266,7 @@ def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_pat
   (logdir / 'scores.jsonl').write_text('keep me\n')
   listing = sorted(str(p) for p in logdir.rglob('*'))
   with pytest.raises(ValueError, match="size: saved 'size1m', given 'tiny'"):
-    train_lib.Trainer(run, config)
+    local.Trainer(run, config)
   assert sorted(str(p) for p in logdir.rglob('*')) == listing
   assert (logdir / 'scores.jsonl').read_text() == 'keep me\n'
 
@@ -298,7 +301,7 @@ def test_checkpoint_of_an_older_run_layer_is_refused_untouched(tmp_path):
   before the run layer moved onto Acme's loop) is a clear error; nothing in
   the logdir changes."""
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}')
-  run, config = run_dmc.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   ckpt = tmp_path / 'checkpoints' / 'ckpt-000000000010'
   ckpt.mkdir(parents=True)
   (ckpt / rundir.CONFIG_FILE).write_text(json.dumps(
@@ -308,5 +311,40 @@ def test_checkpoint_of_an_older_run_layer_is_refused_untouched(tmp_path):
   (ckpt / rundir.RUN_STATE_FILE).write_text(json.dumps(old_state))
   listing = sorted(str(p) for p in tmp_path.rglob('*'))
   with pytest.raises(ValueError, match='another version of the run layer'):
-    train_lib.Trainer(run, config)
+    local.Trainer(run, config)
   assert sorted(str(p) for p in tmp_path.rglob('*')) == listing
+
+
+@pytest.mark.parametrize('layout', ['single_process', 'distributed'])
+def test_run_state_of_either_layout_has_one_schema(tmp_path, layout):
+  """Both layouts' checkpoints read back in one schema; run states written
+  before it (real files from each layout, tests/data/) are upgraded, so an
+  older run still resumes (rundir.load_run_state)."""
+  old = json.loads((pathlib.Path(REPO) / 'tests' / 'data' /
+                    f'run_state_schema1_{layout}.json').read_text())
+  ckpt = tmp_path / 'ckpt-000000000001'
+  ckpt.mkdir()
+  (ckpt / rundir.RUN_STATE_FILE).write_text(json.dumps(old))
+  state = rundir.load_run_state(str(ckpt))
+  assert state['schema'] == rundir.RUN_STATE_SCHEMA and state['mode'] == layout
+  for key in ('segment', 'counts', 'counter', 'learner', 'actors', 'evaluator',
+              'recent_scores'):
+    assert key in state, key
+  assert set(rundir.LEARNER_KEYS) <= set(state['learner'])
+  assert state['actors'] and state['actors'][0]['offset'] == 0
+  assert state['learner']['updates'] == (old.get('counters') or
+                                         old['learner'])['updates']
+  assert state['counts']['env_steps'] == (old.get('counters') or
+                                          old['counts'])['env_steps']
+  # make_run_state writes the same schema (what write_checkpoint stores).
+  new = rundir.make_run_state(
+      mode=layout, segment=1, counts=state['counts'], counter=state['counter'],
+      learner=state['learner'],
+      actors=[{'num_envs': 2, 'num_items': 0, 'num_online_items': 0,
+               'num_policy_calls': 0, **a} for a in state['actors']],
+      evaluator=state['evaluator'], recent_scores=state['recent_scores'])
+  (ckpt / rundir.RUN_STATE_FILE).write_text(json.dumps(new))
+  assert rundir.load_run_state(str(ckpt)) == new
+  (ckpt / rundir.RUN_STATE_FILE).write_text(json.dumps({**new, 'schema': 9}))
+  with pytest.raises(ValueError, match='schema 9'):
+    rundir.load_run_state(str(ckpt))

@@ -1,5 +1,5 @@
 """Any vector dm_env, gym 0.26 tasks and discrete actions at the env boundary
-(experiments/protocol_env.py, experiments/suites.py; spec 7.2, 7.4, 3.14, 2.9)."""
+(experiments/envs/protocol.py, experiments/envs/suites.py; spec 7.2, 7.4, 3.14, 2.9)."""
 
 import agent  # noqa: F401  (jax compat before acme)
 
@@ -9,8 +9,8 @@ import pytest
 from dm_env import specs
 
 from agent.types import EnvSpaces
-from experiments import envs, suites
-from experiments.protocol_env import ObservationError, ProtocolEnv
+from experiments.envs import suites, vector
+from experiments.envs.protocol import ObservationError, ProtocolEnv
 
 
 class ToyEnv(dm_env.Environment):
@@ -102,7 +102,7 @@ def test_custom_dm_env_discrete_and_single_array():
   offset.reset()
   offset.step(0)
   assert int(offset.dm_env.actions[-1]) == 1
-  venv = envs.VectorEnv('toy', 2, 1, env_factory=lambda s: ToyEnv(s, discrete=True))
+  venv = vector.VectorEnv('toy', 2, 1, env_factory=lambda s: ToyEnv(s, discrete=True))
   venv.reset()
   venv.step(np.array([0, 2]))
   with pytest.raises(ValueError, match=r'envs \[1\]'):

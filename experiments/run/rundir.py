@@ -12,7 +12,7 @@ One module owns what both layouts write and read (docs/metrics.md):
   checkpoints/       ckpt-<agent steps>/ (learner.pkl, replay_state.json,
                      latents.npz, config.json, run_state.json) and
                      reverb/<timestamp>/ (the Reverb checkpoint it references)
-  report.png         experiments/report.py output at the end of the run
+  report.png         experiments/tools/report.py output at the end of the run
 
 Checkpoints are atomic (``write_checkpoint``): everything goes into
 ``checkpoints/.tmp-*`` which is renamed to ``ckpt-*``; a Reverb checkpoint is
@@ -21,12 +21,15 @@ server starts every Reverb checkpoint not referenced by the newest ``ckpt-*``
 is deleted (``clean_checkpoints``), so a kill mid-save falls back to the
 previous checkpoint and replay data is never held twice.
 
-Resume (``prepare``): a start whose logdir holds a complete checkpoint
+Resume (``validate``, then ``load_resume_state``): a start whose logdir holds a complete checkpoint
 continues from it. Everything is validated before anything is written: the
 logdir is writable, the checkpoint was written by the same layout ('mode') and
 with the same settings (every DreamerConfig field and ``RESUME_FIXED``). Log
 lines written after the checkpoint are then moved to ``<file>.discarded`` so
 the curves stay consistent.
+
+The run state (``run_state.json``) has one schema in both layouts
+(``make_run_state``; older checkpoints are upgraded by ``load_run_state``).
 """
 
 from __future__ import annotations
@@ -37,14 +40,12 @@ import math
 import os
 import pickle
 import shutil
-import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-import agent  # noqa: F401  (jax compat before acme)
-from acme.utils.loggers import base as loggers_base
+from experiments.run.config import RunConfig, log, segment_seed
 
 CKPT_PREFIX = 'ckpt-'
 TMP_PREFIX = '.tmp-'
@@ -61,86 +62,10 @@ REPORT_FILE = 'report.png'
 FLAGS_FILE = 'flags.txt'
 LOG_FILES = {'metrics_bytes': METRICS_FILE, 'scores_bytes': SCORES_FILE,
              'eval_scores_bytes': os.path.join(EVAL_DIR, SCORES_FILE)}
-# Segment r of a run seeds its training envs with seed + SEGMENT_SEED_STRIDE*r
-# (VectorEnv then uses that * 1000 + i); eval envs add EVAL_SEED_OFFSET.
-SEGMENT_SEED_STRIDE = 7919
-EVAL_SEED_OFFSET = 1_000_003
 # Run settings that must not change on resume (besides every DreamerConfig field).
 RESUME_FIXED = ('suite', 'task', 'num_envs', 'action_repeat', 'time_limit',
                 'chunk_length')
 MODES = ('single_process', 'distributed')
-
-
-@dataclasses.dataclass
-class RunConfig:
-  """Loop settings of either layout (the DreamerConfig holds the agent's).
-
-  checkpoint_every is in seconds of wall time (a restart loses at most that
-  much work); eval_every and log_every are in env steps (agent steps x
-  action_repeat, the spec 7.5 x-axis); progress_every in seconds.
-  prefetch: the learner samples its next batch during the current update
-  (spec 6.3b, docs/deviations.md "Training loop"); False keeps the strict
-  synchronous order (sample after the previous write-back).
-  """
-  task: str
-  logdir: str
-  env_steps: int
-  suite: str = 'dmc'                      # experiments.suites: dmc, gym, custom
-  num_envs: int = 16
-  action_repeat: int = 2
-  eval_every: int = 0
-  eval_episodes: int = 0
-  eval_policy: str = 'sample'
-  checkpoint_every: float = 600.0
-  log_every: int = 10_000
-  learner_log_every: int = 0              # updates; 0 = no 'learner' rows
-  progress_every: float = 10.0
-  time_limit: Optional[float] = None
-  chunk_length: Optional[int] = None      # None: the WindowAdder default
-  prefetch: bool = True
-  report: bool = True
-  flags_text: str = ''
-  verbose: bool = True
-  # suite 'custom': seed -> dm_env.Environment (not saved; give it again to
-  # resume, README "Your own environment").
-  env_factory: Optional[Callable] = dataclasses.field(default=None, repr=False,
-                                                      compare=False)
-
-  def __post_init__(self):
-    if self.env_steps <= 0:
-      raise ValueError(f'--env_steps must be positive, got {self.env_steps}')
-    if self.num_envs < 1:
-      raise ValueError(f'--num_envs must be >= 1, got {self.num_envs}')
-    from experiments import suites
-    if self.suite == 'custom' and self.env_factory is None:
-      raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
-    if self.suite != 'custom':
-      suites.check_task(self.suite, self.task)
-    if self.suite != 'dmc' and self.time_limit is not None:
-      raise ValueError('--time_limit (simulated seconds) is a dm_control '
-                       f'setting; --suite={self.suite} envs end by their own limits')
-    if self.eval_policy not in ('sample', 'mode'):
-      raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "
-                       f'{self.eval_policy!r}')
-
-  def make_env(self, num_envs: int, seed: int, first_index: int = 0):
-    """``env_loop.VectorEnvironment`` over ``num_envs`` envs of this run's task
-    (env i seeded ``seed * 1000 + first_index + i``)."""
-    from experiments import env_loop
-    from experiments.envs import VectorEnv
-    return env_loop.VectorEnvironment(VectorEnv(
-        self.task, num_envs, self.action_repeat, seed=seed,
-        time_limit=self.time_limit, first_index=first_index, suite=self.suite,
-        env_factory=self.env_factory))
-
-  def env_seed(self, seed: int, segment: int, evaluation: bool = False) -> int:
-    """Seed of a segment's training (or eval) envs (module constants)."""
-    return (seed + SEGMENT_SEED_STRIDE * segment +
-            (EVAL_SEED_OFFSET if evaluation else 0))
-
-
-def log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
 
 
 # --- files ----------------------------------------------------------------------
@@ -205,11 +130,34 @@ def jsonable(v):
   return v
 
 
-def _json_default(x):
+def json_default(x):
   out = jsonable(x)
   if out is x:
     raise TypeError(f'not JSON serialisable: {type(x).__name__}')
   return out
+
+
+def normalize_task(name: str) -> str:
+  """'dmc_walker_walk' / 'walker_walk' -> 'walker_walk'; 'cup_catch' -> 'ball_in_cup_catch'."""
+  name = str(name).strip().lower()
+  if name.startswith('dmc_'):
+    name = name[len('dmc_'):]
+  if name.startswith('cup_'):  # the reference's alias of ball_in_cup
+    name = 'ball_in_cup_' + name[len('cup_'):]
+  return name
+
+
+def append_score(logdir: str, task: str, env_step: int, score: float,
+                 seed: int) -> None:
+  """Append one finished episode to logdir/scores.jsonl (the report's input)."""
+  score = float(score)
+  if not math.isfinite(score):
+    raise ValueError(f'episode score must be finite, got {score}')
+  os.makedirs(logdir, exist_ok=True)
+  line = json.dumps({'task': normalize_task(task), 'env_step': int(env_step),
+                     'score': score, 'seed': int(seed)})
+  with open(os.path.join(logdir, SCORES_FILE), 'a') as f:
+    f.write(line + '\n')
 
 
 # --- checkpoints ------------------------------------------------------------------
@@ -286,9 +234,11 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
   ``reverb_path`` is the Reverb checkpoint just written (``client.checkpoint()``
   after the adders were flushed); ``adder`` is anything with ``get_state()``
   (the adder counters = step ids), saved with the schedule and the latent
-  store by ``reverb_tables.checkpoint.save_replay_state``. ``run_state`` gets
-  'mode', 'files' (log sizes) and 'time' added.
+  store by ``reverb_tables.checkpoint.save_replay_state``. ``run_state`` is
+  ``make_run_state``'s; it gets 'files' (log sizes) and 'time' added.
   """
+  assert run_state.get('schema') == RUN_STATE_SCHEMA, 'use make_run_state'
+  assert run_state['mode'] == mode, (run_state['mode'], mode)
   from reverb_tables import checkpoint as rckpt
   root = checkpoint_root(logdir)
   os.makedirs(root, exist_ok=True)
@@ -305,10 +255,10 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
       'run': {k: getattr(run, k) for k in RESUME_FIXED},
       'mode': mode,
   }, indent=1))
-  state = {'mode': mode, **run_state, 'files': file_sizes(logdir),
+  state = {**run_state, 'files': file_sizes(logdir),
            'time': time.time()}
   atomic_write(os.path.join(tmp, RUN_STATE_FILE),
-               json.dumps(state, indent=1, default=_json_default))
+               json.dumps(state, indent=1, default=json_default))
   _fsync_dir(tmp)
   final = os.path.join(root, f'{CKPT_PREFIX}{int(agent_steps):012d}')
   if os.path.exists(final):            # same step saved twice (e.g. at the end)
@@ -317,6 +267,19 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
   _fsync_dir(root)
   clean_checkpoints(logdir)            # older ckpt-* and unreferenced Reverb dirs
   return final
+
+
+def read_saved_config(ckpt: str):
+  """(DreamerConfig, EnvSpaces, {RESUME_FIXED run setting: value}) that
+  ``write_checkpoint`` saved in ``config.json`` (the one reader)."""
+  from agent.config import make_config
+  from agent.types import EnvSpaces
+  saved = read_json(os.path.join(ckpt, CONFIG_FILE))
+  sp = saved['spaces']
+  spaces = EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
+                     act_dim=sp['act_dim'], discrete=sp['discrete'])
+  run = {'suite': 'dmc', **saved['run']}              # older runs: dmc
+  return make_config(**saved['config']), spaces, run
 
 
 def load_learner_state(ckpt: str):
@@ -348,36 +311,107 @@ def check_logdir_writable(logdir: str) -> None:
       raise ValueError(f'--logdir {logdir!r}: {path} is not writable')
 
 
-# run_state.json keys each layout needs to resume (older layouts lack some).
-_STATE_KEYS = {'single_process': ('segment', 'agent', 'evaluator', 'counter',
-                                  'counters'),
-               'distributed': ('segment', 'learner', 'actors', 'counter',
-                               'counts')}
+# --- the run state (one schema, both layouts) ---------------------------------------
+
+RUN_STATE_SCHEMA = 2
+LEARNER_KEYS = ('updates', 'online_rows', 'uniform_rows', 'wall_time',
+                'next_log', 'transitions', 'owed_updates')
+ACTOR_KEYS = ('offset', 'num_envs', 'num_items', 'num_online_items',
+              'num_policy_calls')
+
+
+def make_run_state(*, mode: str, segment: int, counts: Mapping[str, Any],
+                   counter: Mapping[str, Any], learner: Mapping[str, Any],
+                   actors, evaluator: Optional[Mapping[str, Any]],
+                   recent_scores) -> Dict[str, Any]:
+  """``run_state.json`` of a checkpoint, the same schema in both layouts.
+
+  counts: the run's counts at the checkpoint ('actor_steps', 'env_steps' (the
+  x-axis of every row), 'episodes', 'learner_steps'); counter: the root
+  ``acme.utils.counting.Counter``'s ``save()`` (restored on resume); learner: ``LEARNER_KEYS`` (update count, sampler rows, wall
+  time, next log step, and for the one-process schedule the transitions it
+  has seen and the updates it owes); actors: one dict per actor process (one
+  in a single-process run) with ``ACTOR_KEYS`` (its slice of env workers, its
+  adder's item counts, its policy-rng position) and whatever else it saves;
+  evaluator: ``Evaluator.get_state()``; recent_scores: the last training
+  episode scores (progress line). ``write_checkpoint`` adds 'files' and
+  'time'."""
+  assert mode in MODES, mode
+  missing = [k for k in LEARNER_KEYS if k not in learner]
+  missing += [f'actors[{i}].{k}' for i, a in enumerate(actors)
+              for k in ACTOR_KEYS if k not in a]
+  assert not missing, missing
+  return {'schema': RUN_STATE_SCHEMA, 'mode': mode, 'segment': int(segment),
+          'counts': dict(counts), 'counter': dict(counter),
+          'learner': dict(learner), 'actors': [dict(a) for a in actors],
+          'evaluator': dict(evaluator) if evaluator else None,
+          'recent_scores': [float(x) for x in recent_scores][-5:]}
+
+
+def _upgrade_schema_1(state: Dict[str, Any]) -> Dict[str, Any]:
+  """A run state written before schema 2 (no 'schema' key) in schema 2.
+
+  The single-process layout kept its counters under 'counters', the train
+  schedule's position under 'agent' and the policy rng under 'actor'; the
+  distributed one already had 'learner' and 'actors'."""
+  state = dict(state)
+  if 'counters' in state:                           # single-process, schema 1
+    c, agent_state = state.pop('counters'), state.pop('agent')
+    state['learner'] = {
+        'updates': c['updates'], 'online_rows': c['online_rows'],
+        'uniform_rows': c['uniform_rows'], 'wall_time': c['wall_time'],
+        'next_log': None, 'transitions': agent_state['num_transitions'],
+        'owed_updates': agent_state.get('owed_updates', 0)}
+    state['recent_scores'] = c['recent_scores']
+    state['counts'] = {'actor_steps': c['agent_steps'],
+                       'env_steps': c['env_steps'], 'episodes': c['episodes'],
+                       'learner_steps': c['updates']}
+    state['actors'] = [{'offset': 0, 'num_envs': None, 'num_items': None,
+                        'num_online_items': None,
+                        **state.pop('actor')}]
+  else:                                             # distributed, schema 1
+    state['learner'] = {'transitions': None, 'owed_updates': 0,
+                        **state['learner']}
+    state.setdefault('recent_scores', [])
+  state['schema'] = RUN_STATE_SCHEMA
+  return state
+
+
+def load_run_state(ckpt: str) -> Dict[str, Any]:
+  """The checkpoint's run state in the current schema (older checkpoints are
+  upgraded); ValueError naming the checkpoint when it cannot be read."""
+  path = os.path.join(ckpt, RUN_STATE_FILE)
+  try:
+    state = read_json(path)
+    if state.get('schema', 1) == 1:
+      state = _upgrade_schema_1(state)
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ValueError(
+        f'checkpoint {ckpt}: cannot read its run state {path} ({e!r}); it was '
+        'written by another version of the run layer or is damaged. Resume '
+        'it with that version or use a new --logdir.') from e
+  if state['schema'] != RUN_STATE_SCHEMA:
+    raise ValueError(
+        f'checkpoint {ckpt} has run-state schema {state["schema"]}; this '
+        f'version reads schema {RUN_STATE_SCHEMA} (and upgrades 1). Resume it '
+        'with the version that wrote it or use a new --logdir.')
+  state.setdefault('mode', 'single_process')
+  return state
 
 
 def check_mode(ckpt: str, logdir: str, mode: str) -> None:
   """ValueError if ``ckpt`` was written by the other layout."""
   path = os.path.join(ckpt, RUN_STATE_FILE)
-  state = read_json(path) if os.path.exists(path) else {}
-  saved = state.get('mode') or 'single_process'
+  try:
+    saved = read_json(path).get('mode') or 'single_process'
+  except (OSError, ValueError):
+    saved = mode                    # unreadable: load_run_state says why
   if saved != mode:
     how = ('with --distributed' if saved == 'distributed'
            else 'without --distributed')
     raise ValueError(
         f'--logdir {logdir!r} holds a {saved} run (checkpoint {ckpt}); resume '
         f'it {how}, or use a new --logdir for a {mode} run.')
-
-
-def check_state(ckpt: str, logdir: str, mode: str) -> None:
-  """ValueError if ``ckpt``'s run state lacks what this layout resumes."""
-  path = os.path.join(ckpt, RUN_STATE_FILE)
-  state = read_json(path) if os.path.exists(path) else {}
-  missing = [k for k in _STATE_KEYS[mode] if k not in state]
-  if missing:
-    raise ValueError(
-        f'--logdir {logdir!r}: checkpoint {ckpt} was written by another '
-        f'version of the run layer (its run state lacks {missing}); resume it '
-        'with that version or use a new --logdir.')
 
 
 def check_resume_compatible(ckpt: str, run: RunConfig, config) -> None:
@@ -404,24 +438,25 @@ def validate(run: RunConfig, config, mode: str) -> Optional[str]:
   Returns that checkpoint's path (None for a new run). The env is built
   once and closed first, so an env the agent cannot take (image or
   non-numeric observations, unsupported action spec,
-  ``experiments.protocol_env``) fails before the logdir is even created."""
+  ``experiments.envs.protocol``) fails before the logdir is even created."""
   assert mode in MODES, mode
-  run.make_env(1, run.env_seed(0, 0)).close()
+  run.make_env(1, segment_seed(0, 0)).close()
   check_logdir_writable(run.logdir)
   latest = latest_run_checkpoint(run.logdir)
   if latest is not None:
     check_mode(latest, run.logdir, mode)
     check_resume_compatible(latest, run, config)
-    check_state(latest, run.logdir, mode)
+    load_run_state(latest)                  # readable in this schema
   return latest
 
 
-def prepare(run: RunConfig, resume: Optional[str]) -> Optional[Dict[str, Any]]:
+def load_resume_state(run: RunConfig,
+                      resume: Optional[str]) -> Optional[Dict[str, Any]]:
   """After ``validate``, before the Reverb server starts: cleans the
   checkpoint folder (``clean_checkpoints``); returns the run_state to resume."""
   kept = clean_checkpoints(run.logdir)
   assert kept == resume, (kept, resume)
-  return read_json(os.path.join(resume, RUN_STATE_FILE)) if resume else None
+  return load_run_state(resume) if resume else None
 
 
 def start_segment(run: RunConfig, state: Optional[Mapping[str, Any]]) -> None:
@@ -437,126 +472,3 @@ def start_segment(run: RunConfig, state: Optional[Mapping[str, Any]]) -> None:
     atomic_write(os.path.join(run.logdir, FLAGS_FILE), run.flags_text)
 
 
-# --- metrics ------------------------------------------------------------------------
-
-
-class RunLogger(loggers_base.Logger):
-  """metrics.jsonl + TensorBoard scalars, an ``acme.utils.loggers.Logger``.
-
-  Rows are dicts with 'kind' ('train' / 'eval') and 'env_step' (the
-  TensorBoard step); each row is one O_APPEND write, so the learner and the
-  evaluator processes of a distributed run can share the file.
-  """
-
-  def __init__(self, logdir: str, tensorboard: bool = True):
-    self._path = os.path.join(logdir, METRICS_FILE)
-    self._tb = None
-    if tensorboard:
-      import tensorflow as tf
-      self._tf = tf
-      self._tb = tf.summary.create_file_writer(os.path.join(logdir, TB_DIR))
-
-  def write(self, row: Mapping[str, Any]) -> None:
-    clean = {k: jsonable(v) for k, v in row.items()}
-    line = (json.dumps(clean) + '\n').encode()
-    fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-      os.write(fd, line)
-    finally:
-      os.close(fd)
-    if self._tb is not None:
-      step = int(row.get('env_step', 0))
-      prefix = {'eval': 'eval/', 'learner': 'learner/'}.get(row.get('kind'), '')
-      with self._tb.as_default():
-        for k, v in clean.items():
-          if k in ('env_step', 'kind') or isinstance(v, bool) or not isinstance(
-              v, (int, float)):
-            continue
-          name = k if (k.startswith('eval/') or not prefix) else prefix + k
-          self._tf.summary.scalar(name, v, step=step)
-      self._tb.flush()
-
-  def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
-      self._tb = None
-
-
-class LearnerRows(loggers_base.Logger):
-  """The learner's acme Logger in both layouts: ``kind: 'learner'`` rows.
-
-  ``agent.learner.DreamerLearner`` writes, every ``--learner_log_every``
-  updates, the means of its metrics over those updates (``updates_in_mean``
-  of them) and the global ``learner_steps``; this adds the run's env step and
-  appends the row to metrics.jsonl with the metric names of the train rows
-  (``train/<name>``). Rows keyed by update count are what
-  ``bench/parity.py`` compares against the official code (issue 19).
-  """
-
-  def __init__(self, logger_fn: Callable[[], Any],
-               env_step_fn: Callable[[], Optional[int]]):
-    self._logger_fn, self._env_step_fn = logger_fn, env_step_fn
-
-  def write(self, data: Mapping[str, Any]) -> None:
-    data = dict(data)
-    row = {'kind': 'learner', 'updates': int(data.pop('learner_steps')),
-           'updates_in_mean': int(data.pop('updates_in_mean')),
-           'env_step': self._env_step_fn()}
-    row.update({f'train/{k}': v for k, v in data.items()})
-    self._logger_fn().write(row)
-
-  def close(self) -> None:
-    pass
-
-
-def eval_row(env_step: int, scores, lengths, mode: str, seconds: float,
-             **extra) -> Dict[str, Any]:
-  """The eval metrics row of docs/metrics.md."""
-  return {'kind': 'eval', 'env_step': int(env_step), **extra,
-          'eval/policy': mode, 'eval/episodes': len(scores),
-          'eval/score_mean': float(np.mean(scores)),
-          'eval/score_std': float(np.std(scores)),
-          'eval/score_min': float(np.min(scores)),
-          'eval/score_max': float(np.max(scores)),
-          'eval/length_mean': float(np.mean(lengths)),
-          'eval/seconds': seconds}
-
-
-def fmt_steps(x: float) -> str:
-  if x >= 1e6:
-    return f'{x / 1e6:.2f}M'
-  if x >= 1e3:
-    return f'{x / 1e3:.1f}K'
-  return f'{int(x)}'
-
-
-def fmt_secs(s: float) -> str:
-  if not math.isfinite(s):
-    return '?'
-  s = int(s)
-  if s >= 3600:
-    return f'{s // 3600}h{(s % 3600) // 60:02d}m'
-  if s >= 60:
-    return f'{s // 60}m{s % 60:02d}s'
-  return f'{s}s'
-
-
-def progress_line(env_steps: int, target: int, updates: int, fps: float,
-                  wall: float, scores=(), extra: str = '', final=False) -> str:
-  """The live progress line of both layouts."""
-  eta = max(0, target - env_steps) / fps if fps > 0 else float('inf')
-  scores = ', '.join(f'{s:.0f}' for s in scores) or '-'
-  return (f'[{"done" if final else "run"}] {fmt_steps(env_steps)}/'
-          f'{fmt_steps(target)} env steps | {updates} updates | '
-          f'{fps:.1f} env steps/s | last scores: {scores}{extra} | '
-          f'elapsed {fmt_secs(wall)} | ETA {fmt_secs(eta)}')
-
-
-def enable_compilation_cache(path: str) -> None:
-  """Persistent XLA compilation cache at ``path`` (JAX's own, keyed by jax
-  version, backend and flags): a resumed or repeated run skips recompiling
-  the update (~40 s for size1m on 2 CPU cores; ~7 s with the cache)."""
-  import jax
-  os.makedirs(path, exist_ok=True)
-  jax.config.update('jax_compilation_cache_dir', path)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)

@@ -1,9 +1,9 @@
 r"""Watch a trained run: a video of its policy and the world model's open-loop predictions.
 
-  python experiments/watch.py --logdir runs/quickstart            # -> runs/quickstart/watch/
-  python experiments/watch.py --logdir runs/gym_cartpole --out cartpole.gif --episodes 2
+  python experiments/tools/watch.py --logdir runs/quickstart      # -> runs/quickstart/watch/
+  python experiments/tools/watch.py --logdir runs/gym_cartpole --out cartpole.gif --episodes 2
 
-Writes, by default into ``<logdir>/watch/`` (where ``experiments/report.py``
+Writes, by default into ``<logdir>/watch/`` (where ``experiments/tools/report.py``
 finds and links them):
 
 * ``--out`` (``episodes.mp4``; ``.mp4`` or ``.gif``): ``--episodes`` episodes
@@ -29,11 +29,10 @@ fails with a message naming what is missing, before writing anything.
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from typing import Dict, List, Optional
 
-# Before dm_control is imported. 'disable' is experiments/envs.py's training
+# Before dm_control is imported. 'disable' is experiments/envs/dmc.py's training
 # default (never render); another backend the user chose (osmesa) is kept.
 if os.environ.get('MUJOCO_GL', 'disable') in ('', 'disable'):
   os.environ['MUJOCO_GL'] = 'egl'
@@ -44,9 +43,14 @@ import numpy as np
 from absl import app, flags
 
 if __package__ in (None, ''):  # run as a script: make the repo root importable
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))))
 
 import agent  # noqa: F401,E402  (jax compat before acme)
+from experiments.envs import suites  # noqa: E402
+from experiments.run import rundir  # noqa: E402
+from experiments.run.config import log  # noqa: E402
+from experiments.tools.load_policy import load_policy  # noqa: E402
 
 WATCH_DIR = 'watch'
 VIDEO_FILE = 'episodes.mp4'
@@ -64,7 +68,6 @@ class RenderError(RuntimeError):
 def make_render_env(suite: str, task: str, action_repeat: int, seed: int,
                     time_limit: Optional[float] = None):
   """One ``ProtocolEnv`` of the run's task that can render frames."""
-  from experiments import suites
   if suite == 'custom':
     raise RenderError('this run trained on a custom env factory; record it from '
                       'Python with watch.record(policy, env, ...)')
@@ -176,12 +179,10 @@ def write_video(path: str, frames: List[np.ndarray], fps: int = 30) -> None:
 
 def load_params(logdir: str, checkpoint: Optional[str] = None):
   """All params (world model included) of a run's newest checkpoint."""
-  from experiments import rundir
   ckpt = checkpoint or rundir.latest_run_checkpoint(logdir)
   if ckpt is None:
     raise FileNotFoundError(f'no checkpoint in {rundir.checkpoint_root(logdir)}')
-  with open(os.path.join(ckpt, rundir.LEARNER_FILE), 'rb') as f:
-    return pickle.load(f).params
+  return rundir.load_learner_state(ckpt).params
 
 
 def open_loop(params, spaces, config, episode, context: int = 5,
@@ -283,18 +284,13 @@ def watch(logdir: str, out: Optional[str] = None, openloop: Optional[str] = None
           context: int = 5, horizon: int = 45, fps: int = 30, seed: int = 0,
           height: int = 240, width: int = 320) -> Dict[str, str]:
   """The command's work (module doc); returns {'video': path, 'openloop': path}."""
-  import json
-
-  from experiments import rundir
-  from experiments.load_policy import load_policy
   out = out or os.path.join(logdir, WATCH_DIR, VIDEO_FILE)
   if os.path.splitext(out)[1].lower() not in VIDEO_EXTS:
     raise ValueError(f'--out {out!r}: the video must end in .mp4 or .gif')
   if openloop is None:
     openloop = os.path.join(logdir, WATCH_DIR, OPENLOOP_FILE)
   policy = load_policy(logdir, mode=policy_mode, seed=seed)
-  with open(os.path.join(policy.checkpoint, rundir.CONFIG_FILE)) as f:
-    saved_run = json.load(f)['run']
+  saved_run = rundir.read_saved_config(policy.checkpoint)[2]
   env = make_render_env(policy.suite, policy.task, policy.action_repeat or 1,
                         seed=10_000 + seed, time_limit=saved_run.get('time_limit'))
   try:
@@ -304,7 +300,7 @@ def watch(logdir: str, out: Optional[str] = None, openloop: Optional[str] = None
   finally:
     env.close()
   write_video(out, frames, fps)
-  rundir.log(f'[watch] {len(records)} episode(s), returns '
+  log(f'[watch] {len(records)} episode(s), returns '
              f'{[round(r["score"], 1) for r in records]}: wrote {out}')
   result = {'video': out}
   if openloop != 'none':
@@ -312,7 +308,7 @@ def watch(logdir: str, out: Optional[str] = None, openloop: Optional[str] = None
                      policy.config, records[0], context, horizon, seed)
     plot_open_loop(openloop, records[0], pred, context,
                    title=f'{policy.task} @ {policy.env_steps} env steps:')
-    rundir.log(f'[watch] wrote {openloop}')
+    log(f'[watch] wrote {openloop}')
     result['openloop'] = openloop
   return result
 

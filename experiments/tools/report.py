@@ -1,13 +1,13 @@
 """Score report: our DMC-proprio episode scores against the official DreamerV3 curves.
 
-  python experiments/report.py --logdir DIR [DIR ...] [--out PNG]
+  python experiments/tools/report.py --logdir DIR [DIR ...] [--out PNG]
 
 Inputs
   DIR/scores.jsonl: one JSON object per finished episode,
     {"task": "walker_walk", "env_step": 123456, "score": 812.3, "seed": 0}
   env_step is agent steps x action repeat (spec 7.5 logger x-axis) and score is
   the episode return of the stochastic acting policy (spec 7.3, 7.7).
-  append_score() writes such lines. You can pass several logdirs. A run is
+  experiments.run.metrics.append_score() writes such lines. You can pass several logdirs. A run is
   (logdir, seed), so two logdirs that both use seed 0 stay two runs.
 
 Anchors
@@ -43,40 +43,22 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+if __package__ in (None, ''):  # run as a script: make the repo root importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))))
+
+from experiments.run.config import log  # noqa: E402
+from experiments.run.rundir import (  # noqa: E402
+    REPORT_FILE, SCORES_FILE, normalize_task)
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'data')
 ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_proprio-dreamerv3.json.gz')
-SCORES_FILE = 'scores.jsonl'
 LAST_N = 5          # "last-5 mean" of the table
 BINSIZE = 10_000    # env steps per curve bin (the anchor curves' bin width)
 _REQUIRED = ('task', 'env_step', 'score', 'seed')
 
 PathLike = Union[str, os.PathLike]
-
-
-def normalize_task(name: str) -> str:
-  """'dmc_walker_walk' / 'walker_walk' -> 'walker_walk'; 'cup_catch' -> 'ball_in_cup_catch'."""
-  name = str(name).strip().lower()
-  if name.startswith('dmc_'):
-    name = name[len('dmc_'):]
-  if name.startswith('cup_'):  # the reference's alias of ball_in_cup
-    name = 'ball_in_cup_' + name[len('cup_'):]
-  return name
-
-
-# --- writing -----------------------------------------------------------------
-
-
-def append_score(logdir: PathLike, task: str, env_step: int, score: float,
-                 seed: int) -> None:
-  """Append one finished episode to logdir/scores.jsonl (the report's input)."""
-  score = float(score)
-  if not math.isfinite(score):
-    raise ValueError(f'episode score must be finite, got {score}')
-  os.makedirs(logdir, exist_ok=True)
-  line = json.dumps({'task': normalize_task(task), 'env_step': int(env_step),
-                     'score': score, 'seed': int(seed)})
-  with open(os.path.join(logdir, SCORES_FILE), 'a') as f:
-    f.write(line + '\n')
 
 
 # --- reading -----------------------------------------------------------------
@@ -352,9 +334,23 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   return table + watch_links(logdirs)
 
 
+def write_run_report(logdir: PathLike) -> Optional[str]:
+  """The end-of-run report of either layout: ``<logdir>/report.png`` and the
+  table, logged; None (logged why) when the run has no episodes yet."""
+  out = os.path.join(os.fspath(logdir), REPORT_FILE)
+  try:
+    table = make_report(logdir, out)
+  except (FileNotFoundError, ValueError) as e:
+    log(f'[report] skipped: {e}')
+    return None
+  log(table)
+  log(f'[report] wrote {out}')
+  return table
+
+
 def watch_links(logdirs: Union[PathLike, Sequence[PathLike]]) -> str:
   """Markdown links to the videos and open-loop plots that
-  ``experiments/watch.py`` wrote into ``<logdir>/watch/`` ('' if none)."""
+  ``experiments/tools/watch.py`` wrote into ``<logdir>/watch/`` ('' if none)."""
   if isinstance(logdirs, (str, os.PathLike)):
     logdirs = [logdirs]
   lines = []
@@ -368,7 +364,7 @@ def watch_links(logdirs: Union[PathLike, Sequence[PathLike]]) -> str:
         lines.append(f'- video of the policy: [{name}]({path})')
       elif name.endswith('.png'):
         lines.append(f'- world-model open-loop prediction: ![{name}]({path})')
-  return ('\n\nWatching (experiments/watch.py):\n' + '\n'.join(lines)) if lines else ''
+  return ('\n\nWatching (experiments/tools/watch.py):\n' + '\n'.join(lines)) if lines else ''
 
 
 def main(argv=None) -> int:

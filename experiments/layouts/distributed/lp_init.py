@@ -11,11 +11,15 @@ that function. It
     ``DREAMER_LP_TERMINATION_NOTICE_SECS``;
   * asks the kernel to send SIGTERM to the node when its launcher dies
     (``PR_SET_PDEATHSIG``), so a launcher killed with SIGKILL leaves no orphans
-    (a SIGTERM starts Launchpad's normal, bounded stop of the node).
+    (a SIGTERM starts Launchpad's normal, bounded stop of the node);
+  * turns on JAX's persistent compilation cache at ``DREAMER_JAX_CACHE_DIR``
+    (``--jax_cache_dir``), so a resumed program skips recompiling as one
+    process does.
 
 ``write_init_file(directory)`` writes the pickle; ``python_process(...)`` builds
 the ``lp.PythonProcess`` resource that uses it. The function is pickled by
-reference (``experiments.lp_init.init``), so node processes import this module,
+reference (``experiments.layouts.distributed.lp_init.init``), so node
+processes import this module,
 which must therefore not import acme, reverb or TensorFlow at module level.
 """
 
@@ -28,6 +32,8 @@ from typing import Mapping, Optional
 INIT_FILE_NAME = 'lp_init.pkl'
 # Env var carrying Launchpad's termination notice (seconds) into each node.
 NOTICE_ENV = 'DREAMER_LP_TERMINATION_NOTICE_SECS'
+# Env var carrying --jax_cache_dir into each node.
+JAX_CACHE_ENV = 'DREAMER_JAX_CACHE_DIR'
 _PR_SET_PDEATHSIG = 1
 
 
@@ -58,6 +64,10 @@ def init() -> None:
     flags.FLAGS.lp_termination_notice_secs = int(float(notice))
   if os.environ.get('DREAMER_LP_PDEATHSIG', '1') == '1':
     _set_parent_death_signal(signal.SIGTERM)
+  cache = os.environ.get(JAX_CACHE_ENV)
+  if cache:
+    from experiments.run.config import enable_compilation_cache
+    enable_compilation_cache(cache)
 
 
 def write_init_file(directory: str) -> str:

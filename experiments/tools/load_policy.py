@@ -1,18 +1,18 @@
 """Load a trained run's policy and act with it (notebooks, evaluation scripts).
 
-  from experiments.load_policy import load_policy
-  from experiments.envs import VectorEnv
+  from experiments.tools.load_policy import load_policy
+  from experiments.envs.vector import VectorEnv
 
   policy = load_policy('runs/quickstart')            # latest checkpoint
   envs = VectorEnv(policy.task, num_envs=4, action_repeat=policy.action_repeat,
                    suite=policy.suite)
-  obs = envs.reset()
+  obs = envs.reset().observation
   policy.reset(num_envs=4)
   for _ in range(500):
     action = policy.act(obs)                        # [4, A] raw output, or [4] indices
-    obs = envs.step(action, reset=obs['is_last'])
+    obs = envs.step(action).observation
 
-``act(obs)`` takes the batched obs dict of ``experiments.envs.VectorEnv``
+``act(obs)`` takes the batched obs dict of ``experiments.envs.vector.VectorEnv``
 (``{key: [N, ...]}`` plus ``is_first``; without ``is_first`` the first call
 after ``reset`` counts as is_first and later ones do not). It runs the same
 jitted filter + policy step as training (``agent.acting``, spec 7.1): the
@@ -24,18 +24,18 @@ to [-1, 1] (spec 7.4).
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import sys
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 if __package__ in (None, ''):
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))))
 
 import agent  # noqa: F401,E402  (jax compat before acme)
+from experiments.run import rundir  # noqa: E402
 
 
 class LoadedPolicy:
@@ -125,26 +125,14 @@ def load_policy(logdir: str, mode: str = 'sample', seed: int = 0,
     seed: seed of the policy's sampling stream.
     checkpoint: a specific ckpt-* directory instead of the newest.
   """
-  from agent.config import make_config
-  from agent.types import EnvSpaces
-  from experiments import rundir
   ckpt = checkpoint or rundir.latest_run_checkpoint(logdir)
   if ckpt is None:
     raise FileNotFoundError(f'no checkpoint in {os.path.join(logdir, "checkpoints")}')
-  with open(os.path.join(ckpt, rundir.CONFIG_FILE)) as f:
-    saved = json.load(f)
-  with open(os.path.join(ckpt, rundir.RUN_STATE_FILE)) as f:
-    run_state = json.load(f)
-  config = make_config(**saved['config'])
-  sp = saved['spaces']
-  spaces = EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
-                     act_dim=sp['act_dim'], discrete=sp['discrete'])
-  with open(os.path.join(ckpt, rundir.LEARNER_FILE), 'rb') as f:
-    state = pickle.load(f)
-  task = saved['run'].get('task')
+  config, spaces, run = rundir.read_saved_config(ckpt)
+  state = rundir.load_learner_state(ckpt)
+  task = run.get('task')
   return LoadedPolicy(state.params, spaces, config, mode=mode, seed=seed,
-                      task=task, action_repeat=saved['run'].get('action_repeat'),
-                      suite=saved['run'].get('suite', 'dmc'),
-                      checkpoint=ckpt,
-                      env_steps=(run_state.get('counters') or
-                                 run_state['counts'])['env_steps'])
+                      task=task, action_repeat=run.get('action_repeat'),
+                      suite=run['suite'], checkpoint=ckpt,
+                      env_steps=rundir.load_run_state(ckpt)['counts'][
+                          'env_steps'])

@@ -1,18 +1,21 @@
 """The single-process, resumable DreamerV3 run (Algorithm K, spec 6.1-6.5, 7.1-7.5).
 
-``Trainer(run, config).run()`` wires one process from Acme parts:
+``Trainer(run, config).run()`` wires one process from Acme parts, in the
+shape of acme's ``LocalLayout`` (the builder makes every piece):
 
-  env    = VectorEnvironment(VectorEnv(task, N))      # dm_env over N envs
-           (dm_control, gym or the caller's factory: experiments.suites)
-  server = Reverb server: DreamerBuilder's uniform + online tables, the
-           uniform one rate-limited by SampleToInsertRatio ('ratio_sync')
-  agent  = DreamerAgent(actor, learner, TrainSchedule)  # acme.agents.agent.Agent
-  loop   = VectorEnvironmentLoop(env, agent, counter, observers=[episodes])
-  loop.run()                                          # acme.EnvironmentLoop
+  env      = VectorEnv(task, N)          # N envs as one dm_env.Environment
+  server   = Reverb server with builder.make_replay_tables() (uniform +
+             online; the uniform one rate-limited, 'ratio_sync')
+  schedule = builder.make_train_schedule()              # spec 6.1, 6.2
+  updates  = ScheduledUpdates(learner, schedule, ...)   # the actor's on_add
+  actor    = builder.make_actor(..., on_add=updates)
+  agent    = DreamerAgent(actor, learner, updates)      # acme Actor
+  loop     = VectorEnvironmentLoop(env, agent, counter, observers=[episodes])
+  loop.run()                                            # acme.EnvironmentLoop
 
 Per vector step the loop asks the actor for N actions (one jitted policy
 call), steps the envs and hands the timestep to ``agent.observe``: the actor
-adds the N steps one env at a time and after each one the agent runs the
+adds the N steps one env at a time and after each one ``updates`` runs the
 spec 6.1 schedule (learner steps with latent write-back); ``agent.update()``
 then gives the actor the current params. The learner's dataset samples one
 batch ahead (spec 6.3b; ``--nolearner_prefetch`` keeps the strict order):
@@ -20,8 +23,8 @@ docs/deviations.md "Training loop".
 
 Between vector steps the loop polls ``Trainer._tick``: metrics rows, evals,
 checkpoints, the progress line and the stop conditions (the step budget, a
-SIGINT/SIGTERM). The run directory (layout, atomic checkpoints, resume checks,
-metric writer) is ``experiments.rundir``, shared with the Launchpad layout.
+SIGINT/SIGTERM). Run management (run directory, checkpoints, metric rows,
+evaluation) is ``experiments.run``, shared with the Launchpad layout.
 
 Resume: a start whose logdir holds a complete checkpoint continues from it
 (learner TrainingState, latent store, Reverb tables and limiter, adder
@@ -35,14 +38,16 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 
 import agent  # noqa: F401  (jax compat before acme)
 from agent.config import DreamerConfig
-from experiments import rundir
-from experiments.rundir import RunConfig  # noqa: F401  (re-exported)
+from experiments.run import env_loop, metrics, rundir
+from experiments.run.config import (
+    RunConfig, enable_compilation_cache, log, next_multiple, segment_seed)
+from experiments.run.evaluator import Evaluator
 
 MODE = 'single_process'
 
@@ -67,23 +72,23 @@ class Trainer:
 
   def _log(self, msg: str) -> None:
     if self.run_config.verbose:
-      rundir.log(msg)
+      log(msg)
 
   # -- construction --------------------------------------------------------------
   def _build(self) -> None:
     from acme.utils import counting
 
     from agent.builder import DreamerBuilder, seed_keys
-    from agent.local import DreamerAgent
-    from experiments import env_loop
+    from agent.local import DreamerAgent, ScheduledUpdates
     from reverb_tables import checkpoint as rckpt
     from reverb_tables import tables as tables_lib
-    from reverb_tables.ratio import TrainSchedule
 
     run, c = self.run_config, self.config
-    state = rundir.prepare(run, self._resume_from)
+    if run.jax_cache_dir:
+      enable_compilation_cache(run.jax_cache_dir)
+    state = rundir.load_resume_state(run, self._resume_from)
     self.segment = state['segment'] + 1 if state else 0
-    self.env = run.make_env(run.num_envs, run.env_seed(c.seed, self.segment))
+    self.env = run.make_env(run.num_envs, segment_seed(c.seed, self.segment))
     self.spaces = self.env.spaces
 
     self.builder = DreamerBuilder(c, self.spaces, num_envs=run.num_envs,
@@ -91,7 +96,7 @@ class Trainer:
                                   chunk_length=run.chunk_length,
                                   eval_policy=run.eval_policy,
                                   prefetch=run.prefetch,
-                                  learner_logger_fn=lambda: rundir.LearnerRows(
+                                  learner_logger_fn=lambda: metrics.LearnerRows(
                                       lambda: self.logger, lambda: self.env_steps),
                                   learner_log_every=run.learner_log_every)
     reverb_root = rundir.reverb_dir(self.logdir)
@@ -103,24 +108,25 @@ class Trainer:
       tables_lib.check_signatures(self.client.server_info(), tables, reverb_root)
     self.adder = self.builder.make_adder(self.client)
     self.dataset = self.builder.make_dataset_iterator(self.client)
-    self.schedule = TrainSchedule(c)
+    self.schedule = self.builder.make_train_schedule()
     self.keys = seed_keys(c.seed)
     self.networks = self.builder.make_networks()
     self.counter = counting.Counter()
     self.learner = self.builder.make_learner(
         self.keys['learner'], self.networks, self.dataset, self.client,
         counting.Counter(self.counter, prefix='', time_delta=0.0))
+    # train_ratio bounds the learner here: after each added transition the
+    # schedule's due updates run, each gated on the limiter (agent.local).
+    rows = c.batch_size * (2 if run.prefetch else 1)
+    self.updates_runner = ScheduledUpdates(
+        self.learner, self.schedule, lambda: self.adder.num_items,
+        lambda n: tables_lib.can_sample(self.client, n), rows)
     self.actor = self.builder.make_actor(
         self.keys['actor'], self.builder.make_policy(self.networks), self.adder,
-        self.learner)
-    rows = c.batch_size * (2 if run.prefetch else 1)
-    self.agent = DreamerAgent(
-        self.actor, self.learner, self.schedule, lambda: self.adder.num_items,
-        lambda n: tables_lib.can_sample(self.client, n), rows)
-    self.evaluator = env_loop.Evaluator(
-        run, c, self.spaces, self.segment, self.learner,
-        self.builder.make_policy(self.networks, evaluation=True),
-        self.keys['eval'], lambda: self.logger, run.make_env)
+        self.learner, on_add=self.updates_runner)
+    self.agent = DreamerAgent(self.actor, self.learner, self.updates_runner)
+    self.evaluator = Evaluator(run, self.builder, self.segment, self.learner,
+                               self.keys['eval'], lambda: self.logger)
     self.episodes_observer = env_loop.EpisodeObserver(
         run.num_envs, on_episode=self._record_episode,
         env_step=lambda: self.env_steps)
@@ -128,7 +134,6 @@ class Trainer:
         self.env, self.agent, self.counter, observers=[self.episodes_observer],
         should_stop=self._tick)
 
-    self.episodes = 0
     self.wall_time = self._t_eval = self._t_ckpt = 0.0
     self.recent_scores: List[float] = []
     if state:
@@ -136,13 +141,13 @@ class Trainer:
                               schedule=self.schedule,
                               latent_store=self.dataset.latent_store)
       self.learner.restore(rundir.load_learner_state(self._resume_from))
-      self.actor.set_state(state['actor'])
-      self.agent.set_state(state['agent'])
+      self.actor.set_state(state['actors'][0])
+      s = state['learner']
+      self.updates_runner.set_state(s)
       self.counter.restore(state['counter'])
-      s = state['counters']
-      self.episodes, self.wall_time = s['episodes'], s['wall_time']
-      self.evaluator.set_state(state['evaluator'])
-      self.recent_scores = list(s['recent_scores'])
+      self.wall_time = s['wall_time']
+      self.evaluator.set_state(state['evaluator'] or {})
+      self.recent_scores = list(state['recent_scores'])
       self.dataset.sampler.num_online_rows = s['online_rows']
       self.dataset.sampler.num_uniform_rows = s['uniform_rows']
       size = int(self.client.server_info()['uniform'].current_size)
@@ -151,14 +156,14 @@ class Trainer:
                          f'run state expects {self.adder.num_items}; the '
                          'checkpoint directory is inconsistent')
       self._log(f'[run] resumed from {self._resume_from} (segment '
-                f'{self.segment}): {rundir.fmt_steps(self.env_steps)} env '
+                f'{self.segment}): {metrics.fmt_steps(self.env_steps)} env '
                 f'steps, {self.updates} updates, {size} replay items')
     # Log / eval grids follow the current flags (they may change on resume).
-    self.next_log = (self.env_steps // run.log_every + 1) * run.log_every
-    self.next_eval = ((self.env_steps // run.eval_every + 1) * run.eval_every
+    self.next_log = next_multiple(self.env_steps, run.log_every)
+    self.next_eval = (next_multiple(self.env_steps, run.eval_every)
                       if run.eval_every else None)
     rundir.start_segment(run, state)   # validated: now the logdir may change
-    self.logger = rundir.RunLogger(self.logdir)
+    self.logger = metrics.RunLogger(self.logdir)
     self._built = True
 
   # -- counts ------------------------------------------------------------------------
@@ -175,6 +180,11 @@ class Trainer:
   @property
   def updates(self) -> int:
     return self.agent.num_updates
+
+  @property
+  def episodes(self) -> int:
+    """Training episodes finished (the loop counter's count)."""
+    return int(self.counter.get_counts().get('episodes', 0))
 
   @property
   def done(self) -> bool:
@@ -209,11 +219,11 @@ class Trainer:
     self._last_ckpt = self._last_progress = time.perf_counter()
     self._row_scores, self._row_lengths = [], []
     self._last_row_step = None
-    self._row_mark = self._mark()
+    self._row_mark = self._tally()
     self._log(f'[run] {run.task} size={self.config.size} envs={run.num_envs} '
               f'repeat={run.action_repeat} train_ratio={self.config.train_ratio:g} '
               f'B={self.config.batch_size} T={self.config.batch_length} '
-              f'target={rundir.fmt_steps(run.env_steps)} env steps, '
+              f'target={metrics.fmt_steps(run.env_steps)} env steps, '
               f'logdir={self.logdir}')
     worked = not self.done
     if worked:
@@ -229,17 +239,16 @@ class Trainer:
       self.save_checkpoint()
     else:
       self._log(f'[run] {self.logdir} already reached '
-                f'{rundir.fmt_steps(self.env_steps)} env steps; nothing to train')
+                f'{metrics.fmt_steps(self.env_steps)} env steps; nothing to train')
     self._progress(final=True)
     if stopped:
       self._log(f'[run] stopped by signal {self._stop_signal}; checkpoint saved, '
                 'rerun the same command to resume')
-    report = self.make_report() if run.report and not stopped else None
     return {
         'env_steps': self.env_steps, 'agent_steps': self.agent_steps,
         'updates': self.updates, 'episodes': self.episodes,
         'recent_scores': list(self.recent_scores), 'stopped': stopped,
-        'wall_time': self.wall_time, 'report': report,
+        'wall_time': self.wall_time,
         'update_cache_size': self.learner.update_cache_size(),
     }
 
@@ -253,10 +262,10 @@ class Trainer:
     self._update_wall()
     if self.env_steps >= self.next_log:
       self._write_row()
-      self.next_log = (self.env_steps // run.log_every + 1) * run.log_every
+      self.next_log = next_multiple(self.env_steps, run.log_every)
     if self.next_eval is not None and self.env_steps >= self.next_eval:
       self.evaluate()
-      self.next_eval = (self.env_steps // run.eval_every + 1) * run.eval_every
+      self.next_eval = next_multiple(self.env_steps, run.eval_every)
     now = time.perf_counter()
     if now - self._last_ckpt >= run.checkpoint_every:
       self.save_checkpoint()
@@ -278,67 +287,47 @@ class Trainer:
 
   # -- episodes / rows -------------------------------------------------------------
   def _record_episode(self, ep) -> None:
-    from experiments.report import append_score
-    append_score(self.logdir, self.run_config.task, ep.env_step, ep.score,
-                 self.config.seed)
-    self.episodes += 1
+    rundir.append_score(self.logdir, self.run_config.task, ep.env_step,
+                         ep.score, self.config.seed)
     self.recent_scores = (self.recent_scores + [ep.score])[-5:]
     self._row_scores.append(ep.score)
     self._row_lengths.append(ep.length)
 
-  def _mark(self):
-    t = self.learner.timings
-    return (time.perf_counter(), self.env_steps, self.updates, {
-        'env': self.env.step_s, 'policy': self.actor.timings['policy_s'],
-        'replay_add': self.actor.timings['add_s'],
-        'learner_sample': t['sample_s'], 'learner_update': t['update_s'],
-        'learner_write_back': t['write_back_s'],
-        'eval': self._t_eval, 'checkpoint': self._t_ckpt})
+  def _tally(self) -> metrics.Tally:
+    t, it = self.learner.timings, self.dataset
+    info = self.client.server_info()
+    limiter = info['uniform'].rate_limiter_info
+    return metrics.Tally(
+        t=time.perf_counter(), env_steps=self.env_steps,
+        agent_steps=self.agent_steps, updates=self.updates,
+        episodes=self.episodes, uniform_rows=it.sampler.num_uniform_rows,
+        online_rows=it.sampler.num_online_rows,
+        inserts=int(limiter.insert_stats.completed),
+        samples=int(limiter.sample_stats.completed),
+        uniform_size=int(info['uniform'].current_size),
+        online_size=int(info['online'].current_size),
+        latent_entries=len(it.latent_store), idle_s=it.idle_s,
+        sample_thread_s=it.sample_s,
+        parts={'env': self.env.step_s, 'policy': self.actor.timings['policy_s'],
+               'replay_add': self.actor.timings['add_s'],
+               'learner_sample': t['sample_s'], 'learner_update': t['update_s'],
+               'learner_write_back': t['write_back_s'],
+               'eval': self._t_eval, 'checkpoint': self._t_ckpt})
 
   def _write_row(self) -> None:
-    c, info = self.config, self.client.server_info()
-    mark_t, mark_env, mark_upd, mark_tm = self._row_mark
-    now_t, _, _, tm = self._mark()
-    dt = max(now_t - mark_t, 1e-9)
-    scores, lengths = self._row_scores, self._row_lengths
-    row = {
-        'kind': 'train', 'env_step': self.env_steps,
-        'agent_step': self.agent_steps, 'updates': self.updates,
-        'episodes': self.episodes, 'segment': self.segment,
-        'wall_time': self.wall_time,
-        'fps/env_steps_per_s': (self.env_steps - mark_env) / dt,
-        'fps/updates_per_s': (self.updates - mark_upd) / dt,
-        'episode/count': len(scores),
-        'episode/score_mean': float(np.mean(scores)) if scores else None,
-        'episode/score_max': float(np.max(scores)) if scores else None,
-        'episode/length_mean': float(np.mean(lengths)) if lengths else None,
-        'replay/items': self.adder.num_items,
-        'replay/online_items': self.adder.num_online_items,
-        'replay/uniform_size': int(info['uniform'].current_size),
-        'replay/online_size': int(info['online'].current_size),
-        'replay/online_rows': self.dataset.sampler.num_online_rows,
-        'replay/uniform_rows': self.dataset.sampler.num_uniform_rows,
-        'replay/latent_store_entries': len(self.dataset.latent_store),
-        'replay/ratio': (c.seq_len * self.updates * c.batch_size
-                         / max(1, self.agent_steps)),
-        'replay/owed_updates': self.agent.owed_updates,
-        'replay/limiter_inserts': int(
-            info['uniform'].rate_limiter_info.insert_stats.completed),
-        'replay/limiter_samples': int(
-            info['uniform'].rate_limiter_info.sample_stats.completed),
-        'learner/idle_s': self.dataset.idle_s,
-    }
-    other = dt
-    for k, v in tm.items():
-      row[f'time/{k}_frac'] = (v - mark_tm[k]) / dt
-      other -= v - mark_tm[k]
-    row['time/other_frac'] = max(0.0, other / dt)
-    for k, v in self.learner.pop_metric_means().items():
-      row[f'train/{k}'] = v
+    now = self._tally()
+    row = metrics.train_row(
+        now, self._row_mark, config=self.config, segment=self.segment,
+        wall_time=self.wall_time, scores=self._row_scores,
+        lengths=self._row_lengths, other_part=True,
+        learner_metrics=self.learner.pop_metric_means(),
+        extra={'replay/items': self.adder.num_items,
+               'replay/online_items': self.adder.num_online_items,
+               'replay/owed_updates': self.agent.owed_updates})
     self.logger.write(row)
     self._last_row_step = self.env_steps
     self._row_scores, self._row_lengths = [], []
-    self._row_mark = self._mark()
+    self._row_mark = now
 
   def _progress(self, final: bool) -> None:
     recent = getattr(self, '_prog_mark', None)
@@ -348,7 +337,7 @@ class Trainer:
     else:
       fps = (self.env_steps - recent[1]) / max(now - recent[0], 1e-9)
     self._prog_mark = (now, self.env_steps)
-    self._log(rundir.progress_line(
+    self._log(metrics.progress_line(
         self.env_steps, self.run_config.env_steps, self.updates, fps,
         self.wall_time, self.recent_scores, final=final))
 
@@ -364,47 +353,38 @@ class Trainer:
 
   # -- checkpointing ----------------------------------------------------------------------
   def save_checkpoint(self) -> str:
-    """Atomic checkpoint (experiments.rundir); returns the ckpt-* path."""
+    """Atomic checkpoint (experiments.run.rundir); returns the ckpt-* path."""
     t0 = time.perf_counter()
     self.adder.flush()
     reverb_path = self.client.checkpoint()       # new Reverb dir, DONE last
+    run = self.run_config
     final = rundir.write_checkpoint(
         self.logdir, self.agent_steps, reverb_path=reverb_path,
         learner_state=self.learner.save(), config=self.config,
-        spaces=self.spaces, run=self.run_config, mode=MODE,
+        spaces=self.spaces, run=run, mode=MODE,
         adder=self.adder, schedule=self.schedule,
         latent_store=self.dataset.latent_store,
-        run_state={
-            'segment': self.segment, 'actor': self.actor.get_state(),
-            'agent': self.agent.get_state(), 'counter': self.counter.save(),
-            'evaluator': self.evaluator.get_state(),
-            'counts': self.counter.get_counts(),
-            'counters': {
-                'agent_steps': self.agent_steps, 'env_steps': self.env_steps,
-                'updates': self.updates, 'episodes': self.episodes,
-                'wall_time': self.wall_time,
-                'recent_scores': list(self.recent_scores),
+        run_state=rundir.make_run_state(
+            mode=MODE, segment=self.segment,
+            counts={'actor_steps': self.agent_steps, 'env_steps': self.env_steps,
+                    'episodes': self.episodes, 'learner_steps': self.updates},
+            counter=self.counter.save(),
+            learner={
+                **self.updates_runner.get_state(),
                 'online_rows': self.dataset.sampler.num_online_rows,
                 'uniform_rows': self.dataset.sampler.num_uniform_rows,
-                'learner_state_step': int(np.asarray(self.learner.state.step)),
-            }})
+                'wall_time': self.wall_time, 'next_log': self.next_log},
+            actors=[{'offset': 0, 'num_envs': run.num_envs,
+                     'num_items': self.adder.num_items,
+                     'num_online_items': self.adder.num_online_items,
+                     **self.actor.get_state()}],
+            evaluator=self.evaluator.get_state(),
+            recent_scores=self.recent_scores))
     self._t_ckpt += time.perf_counter() - t0
     self._log(f'[ckpt] {final} ({time.perf_counter() - t0:.1f}s)')
     return final
 
-  # -- report / close ------------------------------------------------------------------------
-  def make_report(self) -> Optional[str]:
-    from experiments.report import make_report
-    try:
-      table = make_report(self.logdir, os.path.join(self.logdir,
-                                                    rundir.REPORT_FILE))
-    except (FileNotFoundError, ValueError) as e:
-      self._log(f'[report] skipped: {e}')
-      return None
-    self._log(table)
-    self._log(f'[report] wrote {os.path.join(self.logdir, rundir.REPORT_FILE)}')
-    return table
-
+  # -- close ------------------------------------------------------------------------------------
   def close(self) -> None:
     """Closes whatever was built (also after a failed build)."""
     if self._closed:
@@ -420,12 +400,3 @@ class Trainer:
         getattr(obj, method)()
       except Exception:  # noqa: BLE001  (e.g. the server is already down)
         pass
-
-
-def train(run: RunConfig, config: DreamerConfig) -> Dict[str, Any]:
-  """Builds, runs and closes a Trainer; returns its summary."""
-  trainer = Trainer(run, config)
-  try:
-    return trainer.run()
-  finally:
-    trainer.close()

@@ -1,7 +1,7 @@
 """Any vector-observation ``dm_env.Environment`` under the DreamerV3 env protocol.
 
-``ProtocolEnv(env, action_repeat, name)`` is what ``experiments.envs.VectorEnv``
-steps, whatever the suite (dm_control, gym through ``experiments.suites``, or
+``ProtocolEnv(env, action_repeat, name)`` is what ``experiments.envs.vector.VectorEnv``
+steps, whatever the suite (dm_control, gym through ``experiments.envs.suites``, or
 a user's own ``dm_env`` factory). Spec items implemented here:
 
   7.2  Episode protocol: a reset gives reward 0, is_first True, is_terminal

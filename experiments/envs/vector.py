@@ -1,183 +1,66 @@
-"""Environments with the DreamerV3 env protocol (spec section 7).
+"""N envs of one task as one ``dm_env.Environment`` (spec 7.1, 7.2, 7.3, 7.7).
 
-Spec items implemented here (the per-env protocol itself is
-``experiments.protocol_env.ProtocolEnv``, shared by every suite):
+``VectorEnv`` is the project's one vector-env type: the acme environment loop
+steps it (``experiments.run.env_loop``), and tests and scripts step it by
+hand. Its observation is the batched obs dict ``{key: [N, ...], 'reward',
+'is_first', 'is_last', 'is_terminal': [N]}`` (each env's obs is
+``experiments.envs.protocol.ProtocolEnv``'s). Per-env episode boundaries
+travel in those flags, exactly as the replay stores them (spec 7.2): an env
+whose obs was is_last is reset by the next ``step`` instead of stepped
+(auto-reset), while the others step on.
 
-  7.5  DMC proprio protocol: the 18 tasks, action repeat 2, every
-       dm_control observation key its own float32 vector ('/' -> '_'),
-       policy action space [-1, 1], x-axis = agent steps x repeat.
-  7.1  / Algorithm K: N envs stepped in lock-step with a batched obs dict
-       (``VectorEnv``), for dm_control tasks, gym tasks or any ``dm_env``
-       factory (``experiments.suites``).
-  7.7  Episode scores are returns of the acting policy (EpisodeTracker).
+The loop-level episode (acme's ``TimeStep.step_type``): FIRST after
+``reset()``, which resets every env; LAST exactly when every env's obs is
+is_last at the same step. So lock-stepped envs whose episodes end together
+(dm_control: fixed 1000-step episodes) give one loop episode per env
+episode, and envs whose episodes end at different times (gym CartPole,
+terminations) auto-reset one by one while the loop episode goes on.
 
-Observation layout: keys are the env's observation keys with '/'
-replaced by '_', values float32; scalars (shape ()) become shape (1,). Each
-obs dict also holds 'reward' (float32 scalar), 'is_first', 'is_last' and
-'is_terminal' (bool scalars); a VectorEnv obs has the same keys with a
-leading [N] axis.
-
-No image is ever rendered for training (spec 7.5 says to skip the reference's
-64x64 logging image); MUJOCO_GL defaults to 'disable' here unless already set
-(``experiments/watch.py`` sets 'egl' to record videos).
+``EpisodeTracker`` turns the flags into per-env ``Episode`` records (the
+acting policy's return, spec 7.7).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
+import dm_env
 import numpy as np
+from dm_env import specs
 
-os.environ.setdefault('MUJOCO_GL', 'disable')  # never render (spec 7.5)
+from agent.types import EnvSpaces
+from experiments.envs import suites
+from experiments.envs.dmc import DEFAULT_ACTION_REPEAT
+from experiments.envs.protocol import RESERVED_KEYS, check_repeat
 
-if __package__ in (None, ''):  # run as a script: make the repo root importable
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import agent  # noqa: F401,E402  (project rule: agent before anything acme)
-from agent.types import EnvSpaces  # noqa: E402
-from experiments.protocol_env import ProtocolEnv, check_repeat  # noqa: E402
-
-# Spec 7.5 / 7.7 (paper Table 2 and Table 11): the 18 DMC-proprio tasks, the
-# 20 visual-control tasks minus quadruped walk/run.
-DMC_PROPRIO_TASKS: Tuple[str, ...] = (
-    'acrobot_swingup',
-    'ball_in_cup_catch',
-    'cartpole_balance',
-    'cartpole_balance_sparse',
-    'cartpole_swingup',
-    'cartpole_swingup_sparse',
-    'cheetah_run',
-    'finger_spin',
-    'finger_turn_easy',
-    'finger_turn_hard',
-    'hopper_hop',
-    'hopper_stand',
-    'pendulum_swingup',
-    'reacher_easy',
-    'reacher_hard',
-    'walker_run',
-    'walker_stand',
-    'walker_walk',
-)
-
-# Spec 7.5: action repeat 2 in the paper protocol.
-DEFAULT_ACTION_REPEAT = 2
 # Spec 7.5: 16 env instances.
 DEFAULT_NUM_ENVS = 16
-# Env i of a VectorEnv with seed s is seeded with s * SEED_STRIDE + i.
-SEED_STRIDE = 1000
-
-# The reference (embodied/envs/dmc.py) spells ball_in_cup as 'cup'.
-_DOMAIN_ALIASES = {'cup': 'ball_in_cup'}
+# Env i of a VectorEnv with base seed s is seeded s * WORKER_SEED_STRIDE + i.
+WORKER_SEED_STRIDE = 1000
 
 
-def _suite():
-  from dm_control import suite  # lazy: importing dm_control takes ~1 s
-  return suite
+def worker_seed(base_seed: int, index: int) -> int:
+  """Seed of env ``index`` of a VectorEnv seeded ``base_seed``:
+  ``base_seed * 1000 + index`` (so runs with different base seeds and at most
+  1000 envs never share an env seed)."""
+  return int(base_seed) * WORKER_SEED_STRIDE + int(index)
 
 
-def all_task_names() -> Tuple[str, ...]:
-  """Every dm_control suite task as 'domain_task' (suite.ALL_TASKS)."""
-  return tuple(f'{d}_{t}' for d, t in _suite().ALL_TASKS)
-
-
-def parse_task(name: str) -> Tuple[str, str]:
-  """'walker_walk' -> ('walker', 'walk'); 'ball_in_cup_catch' -> ('ball_in_cup', 'catch').
-
-  Resolves against dm_control's suite.ALL_TASKS, so any suite task works,
-  including domains and tasks with underscores. Also accepted: a 'dmc_'
-  prefix (the anchor-curve naming, spec 7.7) and the reference's 'cup'
-  alias for 'ball_in_cup'. Unknown names raise ValueError listing the valid
-  ones.
-  """
-  if not isinstance(name, str):
-    raise ValueError(f'task must be a string like "walker_walk", got {name!r}')
-  table = {f'{d}_{t}': (d, t) for d, t in _suite().ALL_TASKS}
-  lower = {k.lower(): v for k, v in table.items()}  # e.g. humanoid_CMU_run
-  key = name.strip()
-  if key.lower().startswith('dmc_'):
-    key = key[len('dmc_'):]
-  candidates = [key]
-  for alias, domain in _DOMAIN_ALIASES.items():
-    if key.lower().startswith(alias + '_'):
-      candidates.append(domain + key[len(alias):])
-  for cand in candidates:
-    if cand in table:
-      return table[cand]
-    if cand.lower() in lower:
-      return lower[cand.lower()]
-  raise ValueError(
-      f'Unknown dm_control task {name!r}. Valid tasks ("domain_task"): '
-      f'{", ".join(sorted(table))}. The DMC-proprio benchmark (spec 7.5) '
-      f'uses: {", ".join(DMC_PROPRIO_TASKS)}.')
-
-
-def env_seed(seed: int, index: int) -> int:
-  """Seed of env `index` in a VectorEnv seeded `seed`: seed * 1000 + index."""
-  return int(seed) * SEED_STRIDE + int(index)
-
-
-def load_dmc(task: str, seed: Optional[int] = 0, time_limit: Optional[float] = None,
-             environment_kwargs: Optional[dict] = None):
-  """The dm_control environment of ``task`` (seed and time limit in task_kwargs)."""
-  domain, name = parse_task(task)
-  task_kwargs = {'random': seed}
-  if time_limit is not None:
-    if not time_limit > 0:
-      raise ValueError(f'time_limit must be positive seconds, got {time_limit!r}')
-    task_kwargs['time_limit'] = float(time_limit)
-  return _suite().load(domain, name, task_kwargs=task_kwargs,
-                       environment_kwargs=dict(environment_kwargs or {}))
-
-
-class DMCEnv(ProtocolEnv):
-  """One dm_control task with the DreamerV3 env protocol (spec 7.2, 7.4, 7.5).
-
-  Usage:
-    env = DMCEnv('walker_walk', action_repeat=2, seed=0)
-    obs = env.reset()          # reward 0, is_first True (spec 7.2, 2.15)
-    obs = env.step(action)     # action in [-1, 1]^A, shape (A,)
-
-  The protocol itself (action checks, clip + normalize, repeat with early
-  stop, auto-reset after is_last, observation checks) is
-  ``experiments.protocol_env.ProtocolEnv``. The DMC-proprio tasks never
-  terminate, so their episodes end by the 1000-step time limit: 500 agent
-  steps at repeat 2 (+ 1 reset obs) with is_last True and is_terminal False.
-
-  seed goes to dm_control as task_kwargs={'random': seed}: the same seed gives
-  the same sequence of episodes. time_limit (seconds of simulated time,
-  default: the task's own, 1000 control steps for these tasks) shortens
-  episodes, e.g. for tests; it goes to suite.load through task_kwargs.
-  environment_kwargs is passed to suite.load as is (e.g. {'flat_observation':
-  True}).
-  """
-
-  def __init__(self, task: str, action_repeat: int = DEFAULT_ACTION_REPEAT,
-               seed: Optional[int] = 0, time_limit: Optional[float] = None,
-               environment_kwargs: Optional[dict] = None):
-    check_repeat(action_repeat)
-    domain, name = parse_task(task)
-    super().__init__(load_dmc(task, seed, time_limit, environment_kwargs),
-                     action_repeat, f'{domain}_{name}', seed)
-    if self.discrete:
-      raise ValueError(f'{self.task}: dm_control tasks have continuous actions')
-
-
-class VectorEnv:
+class VectorEnv(dm_env.Environment):
   """N envs of one task in lock-step (spec 7.1, 7.2, Algorithm K).
 
   ``VectorEnv(task, N, ...)`` makes N dm_control envs (``suite='dmc'``), N gym
   envs (``suite='gym'``) or, given ``env_factory`` (``seed -> dm_env.Environment``,
-  ``experiments.suites``), N of the caller's envs; each is a
+  ``experiments.envs.suites``), N of the caller's envs; each is a
   ``ProtocolEnv``. They must agree on their spaces.
 
-  reset() -> obs dict, every value a numpy array with leading [N], all
-  is_first. step(actions) -> the same; actions are [N, A] floats, or [N]
-  indices for a discrete action space. An env whose previous obs was
+  reset() -> a FIRST ``dm_env.TimeStep`` whose observation is the obs dict,
+  every value a numpy array with leading [N], all is_first. step(actions) ->
+  a MID (or LAST, module doc) TimeStep with the same observation layout,
+  reward [N] and discount 1 - is_terminal [N]; actions are [N, A] floats, or
+  [N] indices for a discrete action space. An env whose previous obs was
   is_last (or that was never reset) is reset instead of stepped, so its next
   obs is is_first with reward 0 (spec 7.2: the driver sends reset=True after
   is_last). An optional `reset` mask [N] (Algorithm K's
@@ -185,7 +68,7 @@ class VectorEnv:
   N rows are validated (shape, finiteness, index range) even for envs being
   reset; ValueError names the offending env.
 
-  Seeding: env i gets seed * 1000 + first_index + i (env_seed), so
+  Seeding: env i gets seed * 1000 + first_index + i (``worker_seed``), so
   num_envs <= 1000 keeps seeds of different runs disjoint (first_index: the
   global index of env 0, for actor processes that own a slice of the envs).
 
@@ -202,13 +85,12 @@ class VectorEnv:
                time_limit: Optional[float] = None,
                environment_kwargs: Optional[dict] = None, first_index: int = 0,
                suite: str = 'dmc', env_factory: Optional[Callable] = None):
-    from experiments import suites
     if (isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer))
         or num_envs < 1):
       raise ValueError(f'num_envs must be an integer >= 1, got {num_envs!r}')
-    if num_envs > SEED_STRIDE:
+    if num_envs > WORKER_SEED_STRIDE:
       raise ValueError(f'num_envs must be <= {SEED_STRIDE} (env seeds are '
-                       f'seed * {SEED_STRIDE} + i), got {num_envs}')
+                       f'seed * {WORKER_SEED_STRIDE} + i), got {num_envs}')
     self._repeat = check_repeat(action_repeat)
     self.num_envs = int(num_envs)
     self.seed = seed
@@ -216,7 +98,7 @@ class VectorEnv:
     try:
       for i in range(self.num_envs):
         self.envs.append(suites.make_env(
-            suite, task, self._repeat, env_seed(seed, first_index + i),
+            suite, task, self._repeat, worker_seed(seed, first_index + i),
             time_limit=time_limit, environment_kwargs=environment_kwargs,
             env_factory=env_factory))
         if self.envs[-1].spaces != self.envs[0].spaces:
@@ -229,6 +111,7 @@ class VectorEnv:
     self._spaces = self.envs[0].spaces
     self._needs_reset = np.ones(self.num_envs, bool)
     self.agent_steps = 0
+    self.step_s = 0.0                    # seconds inside the envs
 
   @property
   def spaces(self) -> EnvSpaces:
@@ -252,18 +135,21 @@ class VectorEnv:
     """dm_control steps the envs actually ran (see class docstring)."""
     return sum(env.control_steps for env in self.envs)
 
-  def reset(self) -> Dict[str, np.ndarray]:
+  def reset(self) -> dm_env.TimeStep:
     """Reset all envs; every obs is_first with reward 0."""
+    t0 = time.perf_counter()
     out = self._alloc()
     for i, env in enumerate(self.envs):
       self._put(out, i, env.reset())
     self._needs_reset[:] = out['is_last']
     self.agent_steps += self.num_envs
-    return out
+    self.step_s += time.perf_counter() - t0
+    return dm_env.restart(out)
 
-  def step(self, actions, reset=None) -> Dict[str, np.ndarray]:
+  def step(self, actions, reset=None) -> dm_env.TimeStep:
     """Step all envs with actions [N, A]; envs after is_last are reset."""
     actions = self._check_actions(actions)
+    t0 = time.perf_counter()
     resets = self._needs_reset.copy()
     if reset is not None:
       reset = np.asarray(reset, bool)
@@ -280,7 +166,34 @@ class VectorEnv:
       self._put(out, i, obs)
     self._needs_reset[:] = out['is_last']
     self.agent_steps += self.num_envs
+    self.step_s += time.perf_counter() - t0
+    step_type = (dm_env.StepType.LAST if np.all(out['is_last'])
+                 else dm_env.StepType.MID)
+    return dm_env.TimeStep(step_type, out['reward'].copy(),
+                           1.0 - out['is_terminal'].astype(np.float32), out)
+
+  # --- dm_env specs ------------------------------------------------------------
+  def observation_spec(self):
+    n = self.num_envs
+    out = {k: specs.Array((n,) + tuple(s), np.float32, name=k)
+           for k, s in self._spaces.obs.items()}
+    out['reward'] = specs.Array((n,), np.float32, name='reward')
+    for k in RESERVED_KEYS[1:]:
+      out[k] = specs.Array((n,), bool, name=k)
     return out
+
+  def action_spec(self):
+    n, a = self.num_envs, self._spaces.act_dim
+    if self._spaces.discrete:
+      return specs.BoundedArray((n,), np.int64, 0, a - 1, name='action')
+    return specs.BoundedArray((n, a), np.float32, -1.0, 1.0, name='action')
+
+  def reward_spec(self):
+    return specs.Array((self.num_envs,), np.float32, name='reward')
+
+  def discount_spec(self):
+    return specs.BoundedArray((self.num_envs,), np.float32, 0.0, 1.0,
+                              name='discount')
 
   def close(self):
     for env in self.envs:
@@ -408,38 +321,3 @@ class EpisodeTracker:
     return np.where(self._open, self._score, 0.0)
 
 
-def measure_steps_per_second(task: str, num_envs: int = DEFAULT_NUM_ENVS,
-                             action_repeat: int = DEFAULT_ACTION_REPEAT,
-                             agent_steps: int = 200, seed: int = 0) -> dict:
-  """Time VectorEnv.step with uniform random actions; returns rates."""
-  envs = VectorEnv(task, num_envs, action_repeat, seed)
-  rng = np.random.default_rng(seed)
-  envs.reset()
-  start_agent, start_env = envs.agent_steps, envs.env_steps
-  t0 = time.perf_counter()
-  for _ in range(agent_steps):
-    envs.step(rng.integers(0, envs.act_dim, num_envs) if envs.spaces.discrete
-              else rng.uniform(-1, 1, (num_envs, envs.act_dim)))
-  dt = time.perf_counter() - t0
-  envs.close()
-  return {
-      'task': envs.task, 'num_envs': num_envs, 'seconds': dt,
-      'vector_steps_per_s': agent_steps / dt,
-      'agent_steps_per_s': (envs.agent_steps - start_agent) / dt,
-      'env_steps_per_s': (envs.env_steps - start_env) / dt,
-  }
-
-
-if __name__ == '__main__':
-  import argparse
-  parser = argparse.ArgumentParser(description='Measure VectorEnv speed.')
-  parser.add_argument('--tasks', nargs='+', default=['walker_walk', 'cartpole_swingup'])
-  parser.add_argument('--num_envs', type=int, default=DEFAULT_NUM_ENVS)
-  parser.add_argument('--repeat', type=int, default=DEFAULT_ACTION_REPEAT)
-  parser.add_argument('--steps', type=int, default=500)
-  args = parser.parse_args()
-  for name in args.tasks:
-    r = measure_steps_per_second(name, args.num_envs, args.repeat, args.steps)
-    print(f"{r['task']}: {r['num_envs']} envs, {r['vector_steps_per_s']:.1f} "
-          f"vector steps/s, {r['agent_steps_per_s']:.0f} agent steps/s, "
-          f"{r['env_steps_per_s']:.0f} env steps/s")

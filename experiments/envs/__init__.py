@@ -1,0 +1,11 @@
+"""Environments under the DreamerV3 env protocol (spec section 7).
+
+  protocol.py  ProtocolEnv: any vector-observation dm_env under the protocol
+  dmc.py       dm_control tasks (the DMC-proprio list, DMCEnv)
+  gym.py       gym 0.26 tasks (acme's GymWrapper on the new API)
+  suites.py    make_env / check_task over 'dmc', 'gym' and 'custom'
+  vector.py    VectorEnv: N envs as one dm_env.Environment; EpisodeTracker
+
+Imports point one way: protocol <- dmc, gym <- suites <- vector. Nothing here
+imports the run layer.
+"""

@@ -1,0 +1,137 @@
+"""dm_control tasks under the DreamerV3 env protocol (spec 7.2, 7.4, 7.5).
+
+  7.5  DMC proprio protocol: the 18 tasks (``DMC_PROPRIO_TASKS``), action
+       repeat 2, every dm_control observation key its own float32 vector
+       ('/' -> '_'), policy action space [-1, 1].
+
+Any dm_control suite task works (``parse_task``); the per-env protocol itself
+is ``experiments.envs.protocol.ProtocolEnv``. No image is ever rendered for
+training (spec 7.5 says to skip the reference's 64x64 logging image):
+MUJOCO_GL defaults to 'disable' here unless already set
+(``experiments/tools/watch.py`` sets 'egl' to record videos).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+os.environ.setdefault('MUJOCO_GL', 'disable')  # never render (spec 7.5)
+
+from experiments.envs.protocol import ProtocolEnv, check_repeat  # noqa: E402
+
+# Spec 7.5 / 7.7 (paper Table 2 and Table 11): the 18 DMC-proprio tasks, the
+# 20 visual-control tasks minus quadruped walk/run.
+DMC_PROPRIO_TASKS: Tuple[str, ...] = (
+    'acrobot_swingup',
+    'ball_in_cup_catch',
+    'cartpole_balance',
+    'cartpole_balance_sparse',
+    'cartpole_swingup',
+    'cartpole_swingup_sparse',
+    'cheetah_run',
+    'finger_spin',
+    'finger_turn_easy',
+    'finger_turn_hard',
+    'hopper_hop',
+    'hopper_stand',
+    'pendulum_swingup',
+    'reacher_easy',
+    'reacher_hard',
+    'walker_run',
+    'walker_stand',
+    'walker_walk',
+)
+
+# Spec 7.5: action repeat 2 in the paper protocol.
+DEFAULT_ACTION_REPEAT = 2
+
+# The reference (embodied/envs/dmc.py) spells ball_in_cup as 'cup'.
+_DOMAIN_ALIASES = {'cup': 'ball_in_cup'}
+
+
+def _suite():
+  from dm_control import suite  # lazy: importing dm_control takes ~1 s
+  return suite
+
+
+def all_task_names() -> Tuple[str, ...]:
+  """Every dm_control suite task as 'domain_task' (suite.ALL_TASKS)."""
+  return tuple(f'{d}_{t}' for d, t in _suite().ALL_TASKS)
+
+
+def parse_task(name: str) -> Tuple[str, str]:
+  """'walker_walk' -> ('walker', 'walk'); 'ball_in_cup_catch' -> ('ball_in_cup', 'catch').
+
+  Resolves against dm_control's suite.ALL_TASKS, so any suite task works,
+  including domains and tasks with underscores. Also accepted: a 'dmc_'
+  prefix (the anchor-curve naming, spec 7.7) and the reference's 'cup'
+  alias for 'ball_in_cup'. Unknown names raise ValueError listing the valid
+  ones.
+  """
+  if not isinstance(name, str):
+    raise ValueError(f'task must be a string like "walker_walk", got {name!r}')
+  table = {f'{d}_{t}': (d, t) for d, t in _suite().ALL_TASKS}
+  lower = {k.lower(): v for k, v in table.items()}  # e.g. humanoid_CMU_run
+  key = name.strip()
+  if key.lower().startswith('dmc_'):
+    key = key[len('dmc_'):]
+  candidates = [key]
+  for alias, domain in _DOMAIN_ALIASES.items():
+    if key.lower().startswith(alias + '_'):
+      candidates.append(domain + key[len(alias):])
+  for cand in candidates:
+    if cand in table:
+      return table[cand]
+    if cand.lower() in lower:
+      return lower[cand.lower()]
+  raise ValueError(
+      f'Unknown dm_control task {name!r}. Valid tasks ("domain_task"): '
+      f'{", ".join(sorted(table))}. The DMC-proprio benchmark (spec 7.5) '
+      f'uses: {", ".join(DMC_PROPRIO_TASKS)}.')
+
+
+def load_dmc(task: str, seed: Optional[int] = 0, time_limit: Optional[float] = None,
+             environment_kwargs: Optional[dict] = None):
+  """The dm_control environment of ``task`` (seed and time limit in task_kwargs)."""
+  domain, name = parse_task(task)
+  task_kwargs = {'random': seed}
+  if time_limit is not None:
+    if not time_limit > 0:
+      raise ValueError(f'time_limit must be positive seconds, got {time_limit!r}')
+    task_kwargs['time_limit'] = float(time_limit)
+  return _suite().load(domain, name, task_kwargs=task_kwargs,
+                       environment_kwargs=dict(environment_kwargs or {}))
+
+
+class DMCEnv(ProtocolEnv):
+  """One dm_control task with the DreamerV3 env protocol (spec 7.2, 7.4, 7.5).
+
+  Usage:
+    env = DMCEnv('walker_walk', action_repeat=2, seed=0)
+    obs = env.reset()          # reward 0, is_first True (spec 7.2, 2.15)
+    obs = env.step(action)     # action in [-1, 1]^A, shape (A,)
+
+  The protocol itself (action checks, clip + normalize, repeat with early
+  stop, auto-reset after is_last, observation checks) is
+  ``experiments.envs.protocol.ProtocolEnv``. The DMC-proprio tasks never
+  terminate, so their episodes end by the 1000-step time limit: 500 agent
+  steps at repeat 2 (+ 1 reset obs) with is_last True and is_terminal False.
+
+  seed goes to dm_control as task_kwargs={'random': seed}: the same seed gives
+  the same sequence of episodes. time_limit (seconds of simulated time,
+  default: the task's own, 1000 control steps for these tasks) shortens
+  episodes, e.g. for tests; it goes to suite.load through task_kwargs.
+  environment_kwargs is passed to suite.load as is (e.g. {'flat_observation':
+  True}).
+  """
+
+  def __init__(self, task: str, action_repeat: int = DEFAULT_ACTION_REPEAT,
+               seed: Optional[int] = 0, time_limit: Optional[float] = None,
+               environment_kwargs: Optional[dict] = None):
+    check_repeat(action_repeat)
+    domain, name = parse_task(task)
+    super().__init__(load_dmc(task, seed, time_limit, environment_kwargs),
+                     action_repeat, f'{domain}_{name}', seed)
+    if self.discrete:
+      raise ValueError(f'{self.task}: dm_control tasks have continuous actions')

@@ -1,0 +1,84 @@
+"""Where a run's envs come from: dm_control, gym, or the caller's factory.
+
+``make_env(suite, task, action_repeat, seed, ...)`` returns one
+``experiments.envs.protocol.ProtocolEnv`` (the spec 7.2/7.4/7.5 protocol over a
+``dm_env.Environment``):
+
+* ``'dmc'``: a dm_control suite task, ``experiments.envs.dmc.DMCEnv``.
+* ``'gym'``: a registered gym 0.26 task id such as ``CartPole-v1`` or
+  ``Pendulum-v1``, through ``experiments.envs.gym.GymWrapper`` (acme's
+  wrapper on gym 0.26's API).
+  gym's own ``TimeLimit`` ends give ``dm_env.truncation`` (is_last without
+  is_terminal), a ``terminated`` step ``dm_env.termination`` (is_terminal,
+  spec 7.2). Box observations become the key ``'vector'`` (a Dict space
+  keeps its keys); a Discrete action space is a discrete action (spec 3.14),
+  a Box one continuous, normalised to [-1, 1] (spec 7.4). Other spaces get a
+  clear error.
+* ``'custom'``: ``env_factory(seed) -> dm_env.Environment``, the caller's
+  own env (``experiments.run_dmc.train``, README "Your own environment").
+
+``check_task(suite, task)`` raises ValueError for a task the suite does not
+have (listing what it has), so flags fail before anything is written.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import dm_env
+
+from experiments.envs import dmc
+from experiments.envs.protocol import ProtocolEnv
+
+SUITES = ('dmc', 'gym', 'custom')
+EnvFactory = Callable[[int], dm_env.Environment]
+
+
+def check_task(suite: str, task: str, time_limit: Optional[float] = None) -> None:
+  """ValueError naming the problem when ``suite`` has no task ``task``, or
+  when ``time_limit`` (dm_control's simulated seconds) is given for another
+  suite. The one place these rules live (flags, RunConfig and make_env)."""
+  if suite not in SUITES:
+    raise ValueError(f'unknown suite {suite!r}; valid: {", ".join(SUITES)}')
+  if not task or not isinstance(task, str):
+    raise ValueError(f'task must be a non-empty string, got {task!r}')
+  if suite == 'dmc':
+    dmc.parse_task(task)
+  elif suite == 'gym':
+    from experiments.envs import gym   # lazy: gym and acme's wrapper (~2 s)
+    names = gym.gym_task_names()
+    if task not in names:
+      raise ValueError(gym.unknown_task_message(task, names))
+  if suite != 'dmc' and time_limit is not None:
+    raise ValueError('--time_limit (simulated seconds) is a dm_control '
+                     f'setting; --suite={suite} envs end by their own limits')
+
+
+def make_env(suite: str, task: str, action_repeat: int, seed: int, *,
+             time_limit: Optional[float] = None,
+             environment_kwargs: Optional[dict] = None,
+             env_factory: Optional[EnvFactory] = None,
+             render: bool = False) -> ProtocolEnv:
+  """One env of ``suite`` with the DreamerV3 protocol (module doc).
+
+  ``time_limit`` (simulated seconds) is dm_control's; ``render`` makes gym
+  envs render rgb_array frames (dm_control renders through its physics)."""
+  if env_factory is not None:
+    suite = 'custom'
+  if suite not in SUITES or (suite != 'dmc' and time_limit is not None):
+    check_task(suite, task, time_limit)          # raises, naming the problem
+  if suite == 'dmc':
+    return dmc.DMCEnv(task, action_repeat, seed=seed, time_limit=time_limit,
+                      environment_kwargs=environment_kwargs)
+  if suite == 'gym':
+    from experiments.envs import gym   # lazy: gym and acme's wrapper (~2 s)
+    return ProtocolEnv(gym.make_gym(task, seed, render), action_repeat, task, seed)
+  if suite == 'custom':
+    if env_factory is None:
+      raise ValueError("suite 'custom' needs an env_factory(seed) -> "
+                       'dm_env.Environment')
+    env = env_factory(seed)
+    if not isinstance(env, dm_env.Environment):
+      raise ValueError(f'env_factory({seed}) returned {type(env).__name__}, '
+                       'not a dm_env.Environment')
+    return ProtocolEnv(env, action_repeat, task, seed)

@@ -1,0 +1,14 @@
+"""DreamerV3 as a Launchpad program in Acme's distributed layout.
+
+  spec.py        DistributedConfig, ProgramSpec: what every node is given
+  node_utils.py  stop hooks, markers, stoppable RPC waits, a flushable Counter
+  learner.py     LearnerNode: learner, variable source, rows, checkpoints
+  actor.py       ActorNode: acme's EnvironmentLoop with the builder's actor
+  evaluator.py   EvaluatorNode: spec 7.3 evaluations
+  program.py     replay, counter and step-limiter nodes; build_program
+  launch.py      validate, launch, wait, summarise
+  lp_init.py     per-process set-up of every node
+
+Imports point one way: spec <- node_utils <- learner, actor, evaluator <-
+program <- launch (program.py's docstring has the whole picture).
+"""

@@ -1,0 +1,197 @@
+r"""Launching the Launchpad program (``local_mp``): validate, run, summarise.
+
+  python experiments/run_dmc.py --flagfile=experiments/flags/dmc_proprio.flags \
+      --task=walker_walk --distributed --num_actors=4 --logdir=runs/walker_walk_lp
+
+Every run flag means the same as in one process, except that ``--num_envs``
+is the total number of training envs, split evenly over ``--num_actors``
+actor processes (so the paper's 16 envs stay 16 envs). ``launch(run, config,
+dist)`` validates the logdir and the checkpoint to resume (nothing is
+written before), builds ``program.build_program(spec)`` and runs it; each
+node's output goes to ``<logdir>/lp_logs/segment-<n>/<group>/<index>``
+(``--lp_terminal=output_to_files``, the default) or to this terminal.
+
+Re-running with the same ``--logdir`` resumes from the last checkpoint.
+Ctrl-C (or SIGTERM) stops every node; the learner writes a checkpoint first
+(within ``--stop_grace`` seconds). A second Ctrl-C kills at once. The step
+budget stops the program by itself (final checkpoint, final evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from experiments.layouts.distributed import lp_init
+from experiments.layouts.distributed.program import build_program, local_resources
+from experiments.layouts.distributed.spec import (
+    ERRORS_DIR, MODE, SUMMARY_FILE, DistributedConfig, ProgramSpec)
+from experiments.run import metrics, rundir
+from experiments.run.config import RunConfig, log, segment_seed
+
+
+def _last_train_row(path: str) -> Optional[Dict[str, Any]]:
+  if not os.path.exists(path):
+    return None
+  with open(path, 'rb') as f:
+    f.seek(max(0, os.path.getsize(path) - 65536))
+    lines = f.read().decode(errors='replace').splitlines()
+  for line in reversed(lines):
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if row.get('kind') == 'train':
+      return row
+  return None
+
+
+def launcher_progress_line(row: Optional[Dict[str, Any]], target: int,
+                           wall: float) -> str:
+  """The launcher's progress line, from the newest train row."""
+  if not row:
+    return f'[run] 0/{target} env steps (starting: replay fill / compilation)'
+
+  def fmt(key, spec='.1f'):
+    x = row.get(key)
+    return '-' if x is None else format(x, spec)
+
+  extra = (f' | replay ratio {fmt("replay/ratio_window")} (target '
+           f'{row.get("replay/ratio_target", 0):g}) | learner idle '
+           f'{fmt("learner/idle_frac", ".0%")} | param lag '
+           f'{fmt("actor/param_lag_updates_mean")} updates')
+  score = row.get('episode/recent_score_mean')
+  return metrics.progress_line(row['env_step'], target, row['updates'],
+                              row.get('fps/env_steps_per_s') or 0.0, wall,
+                              [] if score is None else [score], extra)
+
+
+def prepare(run: RunConfig, config, dist: DistributedConfig):
+  """Checks the logdir and the checkpoint to resume; returns a ProgramSpec,
+  or a summary dict when the budget was already reached."""
+  latest = rundir.validate(run, config, MODE)
+  state = rundir.load_resume_state(run, latest)
+  rundir.start_segment(run, state)
+  if state and state['counts'].get('env_steps', 0) >= run.env_steps:
+    return {'checkpoint': latest, 'env_steps': state['counts']['env_steps'],
+            'updates': state['learner']['updates'], 'already_done': True}
+  env = run.make_env(1, segment_seed(0, 0))
+  spaces = env.spaces
+  env.close()
+  segment = state['segment'] + 1 if state else 0
+  spec = ProgramSpec(run=run, config=config, dist=dist, spaces=spaces,
+                     launch_dir=tempfile.mkdtemp(prefix='dreamer-lp-'),
+                     segment=segment, resume=latest, run_state=state)
+  if latest:
+    log(f'[run] resuming from {latest} (segment {segment}, '
+        f'{state["counts"].get("env_steps", 0)} env steps, '
+        f'{state["learner"]["updates"]} updates)')
+  return spec
+
+
+def launch(run: RunConfig, config, dist: DistributedConfig) -> Dict[str, Any]:
+  """Runs the program to the step budget (or a stop signal); returns a
+  summary. ValueError (before anything is written) for bad settings;
+  RuntimeError when a node failed."""
+  return run_prepared(run, prepare(run, config, dist))
+
+
+def run_prepared(run: RunConfig, spec_or_done) -> Dict[str, Any]:
+  """Runs what ``prepare`` returned (a summary when already done)."""
+  if isinstance(spec_or_done, dict):
+    log(f'[run] {run.logdir} already reached {spec_or_done["env_steps"]} env '
+        'steps; nothing to train')
+    return spec_or_done
+  spec = spec_or_done
+  try:
+    return _launch(spec)
+  finally:
+    shutil.rmtree(spec.launch_dir, ignore_errors=True)
+
+
+def _launch(spec) -> Dict[str, Any]:
+  import launchpad as lp
+  import psutil
+  from absl import flags
+  from launchpad.launch.run_locally import launch_local_output_to_files
+
+  run, dist = spec.run, spec.dist
+  # Launchpad reads the launcher's termination notice from its global flag
+  # and the node-log folder from a module global it sets at import time (from
+  # LAUNCHPAD_LOGGING_DIR), so a per-segment folder can only be set here.
+  fv = flags.FLAGS
+  if not fv.is_parsed():
+    fv.mark_as_parsed()
+  fv.lp_termination_notice_secs = dist.termination_notice_s
+  log_dir = os.path.join(run.logdir, 'lp_logs', f'segment-{spec.segment}')
+  launch_local_output_to_files._LOGGING_DIR = log_dir  # noqa: SLF001
+  program = build_program(spec)
+  init_file = lp_init.write_init_file(spec.launch_dir)
+  resources = local_resources(spec, init_file, list(program.groups))
+  log(f'[run] {run.task} size={spec.config.size} actors={dist.num_actors} x '
+       f'{spec.envs_per_actor} envs, train_ratio={spec.config.train_ratio:g}, '
+       f'target {run.env_steps} env steps, logdir={run.logdir}'
+       + (f', node logs in {log_dir}' if dist.terminal == 'output_to_files'
+          else ''))
+  t0 = time.time()
+  manager = lp.launch(program, launch_type='local_mp', terminal=dist.terminal,
+                      local_resources=resources)
+  # Launchpad's last resort after the termination notice kills the launcher
+  # too; keep it alive so it can report and clean up (workers still die).
+  manager._kill_main_thread = False  # noqa: SLF001
+  box: Dict[str, Any] = {}
+
+  def wait():
+    try:
+      manager.wait()
+    except BaseException as e:  # noqa: BLE001  (reported below)
+      box['error'] = e
+
+  waiter = threading.Thread(target=wait, name='lp-wait', daemon=True)
+  waiter.start()
+  metrics_path = os.path.join(run.logdir, rundir.METRICS_FILE)
+  while waiter.is_alive():
+    waiter.join(run.progress_every)
+    if waiter.is_alive() and run.verbose:
+      log(launcher_progress_line(_last_train_row(metrics_path),
+                                 run.env_steps, time.time() - t0))
+  leftovers = []
+  for proc in psutil.Process().children(recursive=True):
+    try:
+      leftovers.append(f'{proc.pid} {proc.name()}')
+      proc.kill()
+    except psutil.NoSuchProcess:
+      pass
+  errors = {}
+  errors_dir = os.path.join(spec.launch_dir, ERRORS_DIR)
+  if os.path.isdir(errors_dir):
+    for name in sorted(os.listdir(errors_dir)):
+      with open(os.path.join(errors_dir, name)) as f:
+        errors[name] = f.read()
+  summary_path = os.path.join(spec.launch_dir, SUMMARY_FILE)
+  summary = (rundir.read_json(summary_path) if os.path.exists(summary_path)
+             else None)
+  if leftovers:
+    log(f'[run] killed processes left after the stop: {leftovers}')
+  if errors or 'error' in box:
+    detail = '\n'.join(f'--- {k} ---\n{v}' for k, v in errors.items())
+    raise RuntimeError(
+        f'a node failed ({box.get("error") or "see below"}); node logs in '
+        f'{log_dir}\n{detail}')
+  wall = time.time() - t0
+  if summary is None:
+    ckpt = rundir.latest_run_checkpoint(run.logdir)
+    log(f'[run] stopped by a signal after {wall:.0f}s; last checkpoint '
+         f'{ckpt or "none"}; rerun the same command to resume')
+    return {'stopped_by': 'signal', 'checkpoint': ckpt, 'wall_s': wall,
+            'leftover_processes': leftovers}
+  summary['wall_s'] = wall
+  summary['leftover_processes'] = leftovers
+  log(f'[done] {summary["env_steps"]} env steps, {summary["updates"]} '
+       f'updates in {wall:.0f}s; checkpoint {summary["checkpoint"]}')
+  return summary

@@ -1,0 +1,135 @@
+"""What every node of the Launchpad program is given (pickled into each).
+
+``DistributedConfig`` holds the program's settings (actors, parameter
+fetches, stop grace), ``ProgramSpec`` everything a node needs: the run, the
+agent config, the env spaces, the resume point and a per-launch scratch
+folder (marker files, errors, the summary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Dict, Optional
+
+from agent.config import DreamerConfig
+from agent.types import EnvSpaces
+from experiments.run.config import RunConfig
+
+MODE = 'distributed'
+GROUPS = ('replay', 'counter', 'limiter', 'learner', 'actor', 'evaluator')
+LEARNER_DONE_FILE = 'learner_done'
+SUMMARY_FILE = 'summary.json'
+ERRORS_DIR = 'errors'
+TERMINALS = ('output_to_files', 'current_terminal')
+# Each actor's adder counters are saved + this margin: an item whose last step
+# reached the Reverb checkpoint a moment before the actor bumped its counter
+# can never share a step id with a step written after the resume.
+STEP_ID_MARGIN = 1
+
+
+
+
+def check_actors(num_envs: int, num_actors: int) -> None:
+  """ValueError unless the ``num_envs`` training envs split evenly over
+  ``num_actors`` actor processes (the one place this rule lives)."""
+  if num_envs % num_actors:
+    raise ValueError(f'--num_envs {num_envs} (total training envs) must be a '
+                     f'multiple of --num_actors {num_actors}')
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+  """Settings of the Launchpad program (the RunConfig holds the run's).
+
+  num_actors: actor nodes; ``RunConfig.num_envs`` (total envs) must divide.
+  update_period: the actors' ``VariableClient`` update_period (vector steps
+    between asynchronous parameter fetches).
+  lag_probe_every: vector steps between the actors' parameter-lag probes.
+  counter_sync_s: time_delta of the actors' and learner's child Counters.
+  poll_s: poll interval of the limiter, evaluator and learner bookkeeping.
+  stop_grace_s: after a stop signal, the longest the replay server, actors
+    and evaluator wait for the learner's final checkpoint.
+  rpc_timeout_s: courier call timeout of the actors' and learner's RPCs.
+  terminal: Launchpad local_mp terminal ('output_to_files' writes each
+    node's output to ``<logdir>/lp_logs/segment-<n>/<group>/<i>``).
+  """
+  num_actors: int = 2
+  update_period: int = 1
+  lag_probe_every: int = 10
+  counter_sync_s: float = 0.5
+  poll_s: float = 0.5
+  stop_grace_s: float = 60.0
+  rpc_timeout_s: float = 60.0
+  terminal: str = 'output_to_files'
+
+  def __post_init__(self):
+    if self.num_actors < 1:
+      raise ValueError(f'--num_actors must be >= 1, got {self.num_actors}')
+    if self.update_period < 1:
+      raise ValueError(f'--actor_update_period must be >= 1, got '
+                       f'{self.update_period}')
+    if self.lag_probe_every < 1:
+      raise ValueError('lag_probe_every must be >= 1')
+    if self.stop_grace_s <= 0:
+      raise ValueError(f'--stop_grace must be > 0 seconds, got {self.stop_grace_s}')
+    if self.terminal not in TERMINALS:
+      raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
+                       f'{self.terminal!r}')
+
+  @property
+  def termination_notice_s(self) -> int:
+    """Launchpad's notice before it kills nodes that ignore a stop."""
+    return int(self.stop_grace_s + 30)
+
+
+@dataclasses.dataclass
+class ProgramSpec:
+  """Everything a node needs (pickled into every node process).
+
+  run_state: the ``run_state.json`` of the checkpoint resumed from (or None);
+  resume: that checkpoint's path; segment: resume count (env seeds move with
+  it, as in the single-process run); launch_dir: a per-launch scratch folder
+  (marker files, errors, summary).
+  """
+  run: RunConfig
+  config: DreamerConfig
+  dist: DistributedConfig
+  spaces: EnvSpaces
+  launch_dir: str
+  segment: int = 0
+  resume: Optional[str] = None
+  run_state: Optional[Dict[str, Any]] = None
+
+  def __post_init__(self):
+    check_actors(self.run.num_envs, self.dist.num_actors)
+
+  @property
+  def envs_per_actor(self) -> int:
+    return self.run.num_envs // self.dist.num_actors
+
+  @property
+  def learner_done_path(self) -> str:
+    return os.path.join(self.launch_dir, LEARNER_DONE_FILE)
+
+  @property
+  def counts(self) -> Dict[str, float]:
+    return dict((self.run_state or {}).get('counts', {}))
+
+  def builder(self, **kwargs):
+    from agent.builder import DreamerBuilder
+    run = self.run
+    return DreamerBuilder(self.config, self.spaces, num_envs=run.num_envs,
+                          rate_limiter='ratio', chunk_length=run.chunk_length,
+                          eval_policy=run.eval_policy, prefetch=run.prefetch,
+                          **kwargs)
+
+  def wait_for_learner(self) -> bool:
+    """Blocks until the learner's final checkpoint is written (or the grace)."""
+    deadline = time.monotonic() + self.dist.stop_grace_s
+    while not os.path.exists(self.learner_done_path):
+      if time.monotonic() >= deadline:
+        return False
+      time.sleep(0.1)
+    return True

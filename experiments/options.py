@@ -1,0 +1,281 @@
+"""Every run flag, its check, and the configs the flags make (both layouts).
+
+``define_flags(fv)`` defines the flags of ``experiments/run_dmc.py`` (and of
+the ``train()`` API) with their validators; ``configs_from_flags(fv)`` turns
+parsed flags into ``(RunConfig, DreamerConfig, DistributedConfig or None)``,
+raising ValueError that names the flag. Each rule lives once: ranges here,
+task / suite / time_limit in ``experiments.envs.suites.check_task``, the
+actor split in ``experiments.layouts.distributed.spec.check_actors``, the
+DreamerConfig's own in ``agent.config.make_config``.
+
+Flag names are stable; flags.txt in a run directory lists the ones used and
+works as a --flagfile.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+from typing import Optional, Tuple
+
+from absl import flags
+
+from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config
+from experiments.envs import suites
+from experiments.layouts.distributed.spec import DistributedConfig, check_actors
+from experiments.run.config import RunConfig
+
+# Flags that map onto DreamerConfig fields directly (flag name == field name).
+CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
+                'batch_length', 'replay_capacity')
+FLAG_NAMES = (
+    'suite', 'task', 'size', 'train_ratio', 'action_repeat', 'num_envs', 'env_steps',
+    'seed', 'logdir', 'compute_dtype', 'eval_every', 'eval_episodes',
+    'eval_policy', 'checkpoint_every', 'log_every', 'learner_log_every',
+    'progress_every',
+    'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
+    'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
+    'jax_cache_dir')
+DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
+                   'lp_terminal', 'stop_grace')
+MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the run flags (and their validators) on ``fv``."""
+  F = dict(flag_values=fv)
+  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym'],
+                    'Where --task comes from: dm_control or gym 0.26 '
+                    '(experiments/envs/suites.py).', **F)
+  flags.DEFINE_string('task', 'walker_walk',
+                      'dmc: task "domain_task" (spec 7.5 list in '
+                      'experiments/envs/dmc.py); gym: a task id like CartPole-v1.', **F)
+  flags.DEFINE_enum('size', 'size12m', sorted(SIZE_PRESETS),
+                    'Model size preset (spec 2.1); paper protocol size12m.', **F)
+  flags.DEFINE_float('train_ratio', 512.0,
+                     'Replayed steps trained per agent step (spec 6.1); 512 = paper.', **F)
+  flags.DEFINE_integer('action_repeat', 2, 'Action repeat (spec 7.5).', **F)
+  flags.DEFINE_integer('num_envs', 16, 'Lock-stepped training envs (spec 7.5).', **F)
+  flags.DEFINE_integer('env_steps', 500_000,
+                       'Training budget in env steps (agent steps x repeat).', **F)
+  flags.DEFINE_integer('seed', 0, 'Seed of params, policy, envs and update rng '
+                       '(replay sampling is unseeded, docs/deviations.md).', **F)
+  flags.DEFINE_string('logdir', None, 'Run directory (resumed if it holds a '
+                      'checkpoint).', **F)
+  flags.DEFINE_enum('compute_dtype', 'float32', list(COMPUTE_DTYPES),
+                    'Compute dtype (spec 1.12); float32 on CPU.', **F)
+  flags.DEFINE_integer('eval_every', 50_000,
+                       'Env steps between evaluations (0: only at the end).', **F)
+  flags.DEFINE_integer('eval_episodes', 4,
+                       'Eval episodes per evaluation, one per eval env (0: no eval).', **F)
+  flags.DEFINE_enum('eval_policy', 'sample', ['sample', 'mode'],
+                    "Eval policy: 'sample' as the paper (spec 7.3) or 'mode' "
+                    '(deterministic).', **F)
+  flags.DEFINE_float('checkpoint_every', 600.0,
+                     'Seconds of wall time between checkpoints (also one at the end).', **F)
+  flags.DEFINE_integer('log_every', 10_000,
+                       'Env steps between metrics.jsonl / TensorBoard rows.', **F)
+  flags.DEFINE_integer('learner_log_every', 0,
+                       "Updates between 'learner' rows in metrics.jsonl: the "
+                       'means of the learner metrics over exactly that many '
+                       'updates, keyed by update count (bench/parity.py); '
+                       '0 = none.', **F)
+  flags.DEFINE_float('progress_every', 10.0, 'Seconds between progress lines.', **F)
+  flags.DEFINE_integer('batch_size', 16, 'B (spec Table 4).', **F)
+  flags.DEFINE_integer('batch_length', 64, 'T trained steps per row (spec 5.1).', **F)
+  flags.DEFINE_integer('replay_capacity', 5_000_000, 'Replay items (spec 5.1).', **F)
+  flags.DEFINE_integer('train_fill', 0,
+                       'Items before training starts; 0 = B*T (spec 6.2).', **F)
+  flags.DEFINE_float('time_limit', None,
+                     'Episode length in simulated seconds (tests); default the '
+                     "task's own (1000 control steps).", **F)
+  flags.DEFINE_integer('chunk_length', 0, 'Reverb chunk length of the adder '
+                       '(0: the WindowAdder default).', **F)
+  flags.DEFINE_multi_string('config_overrides', [],
+                            'Extra DreamerConfig fields as name=value '
+                            '(e.g. lr=1e-4); see agent/config.py.', **F)
+  flags.DEFINE_bool('learner_prefetch', True, 'The learner samples its next '
+                    'batch during the current update (spec 6.3b); false keeps '
+                    'the strict synchronous order.', **F)
+  flags.DEFINE_bool('report', True, 'Write report.png (experiments/tools/report.py) '
+                    'at the end.', **F)
+  flags.DEFINE_string('jax_cache_dir', None,
+                      'Persistent XLA compilation cache (a resumed run skips '
+                      'recompiling), in every process of either layout; '
+                      'default <logdir>/jax_cache, "off" disables.', **F)
+  # The Launchpad layout (experiments/layouts/distributed/).
+  flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
+                    '(experiments/layouts/distributed/).', **F)
+  flags.DEFINE_integer('num_actors', 2, '--distributed: actor processes; each '
+                       'steps num_envs / num_actors envs.', **F)
+  flags.DEFINE_integer('actor_update_period', 1, '--distributed: actor vector '
+                       'steps between parameter fetches (acme VariableClient '
+                       'update_period).', **F)
+  flags.DEFINE_enum('lp_terminal', 'output_to_files',
+                    ['output_to_files', 'current_terminal'],
+                    '--distributed: where node output goes (Launchpad local_mp '
+                    'terminal).', **F)
+  flags.DEFINE_float('stop_grace', 60.0, '--distributed: seconds nodes wait for '
+                     "the learner's final checkpoint after a stop signal.", **F)
+
+  def v(name, check, msg):
+    flags.register_validator(name, check, message=f'--{name} {msg}', **F)
+
+  flags.register_multi_flags_validator(
+      ['suite', 'task', 'time_limit'], _task_ok, flag_values=fv,
+      message='--suite / --task / --time_limit')
+  v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
+  v('action_repeat', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('num_envs', lambda x: x is not None and 1 <= x <= 1000, 'must be in [1, 1000]')
+  v('env_steps', lambda x: x is not None and x > 0, 'must be > 0')
+  v('seed', lambda x: x is not None and 0 <= x < MAX_SEED,
+    f'must be in [0, {MAX_SEED})')
+  v('logdir', lambda x: bool(x), 'is required (the run directory)')
+  v('eval_every', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('eval_episodes', lambda x: x is not None and 0 <= x <= 1000,
+    'must be in [0, 1000]')
+  v('checkpoint_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
+  v('log_every', lambda x: x is not None and x > 0, 'must be > 0 env steps')
+  v('learner_log_every', lambda x: x is not None and x >= 0,
+    'must be >= 0 updates (0: no learner rows)')
+  v('progress_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
+  v('batch_size', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('batch_length', lambda x: x is not None and x >= 2, 'must be >= 2')
+  v('replay_capacity', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('train_fill', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('time_limit', lambda x: x is None or x > 0, 'must be > 0 seconds')
+  v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('num_actors', lambda x: x is not None and 1 <= x <= 256, 'must be in [1, 256]')
+  v('actor_update_period', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('stop_grace', lambda x: x is not None and x > 0, 'must be > 0 seconds')
+  v('config_overrides', _overrides_ok,
+    'entries must be name=value with a DreamerConfig field name (not one that '
+    'has its own flag) and a value of that field\'s type')
+
+
+def _task_ok(values) -> bool:
+  """The suite's own check (``experiments.envs.suites.check_task``): an
+  unknown task lists the valid ones; --time_limit is dm_control's."""
+  try:
+    suites.check_task(values['suite'], values['task'], values['time_limit'])
+  except ValueError as e:
+    msg = str(e)
+    if not msg.startswith('--'):          # the task itself: name the flag
+      msg = f'--task is not a task of --suite={values["suite"]}: {msg}'
+    raise flags.ValidationError(msg) from e
+  return True
+
+
+def _field_types():
+  """{DreamerConfig field: the Python type of its default} (None: Optional)."""
+  return {f.name: type(f.default) for f in dataclasses.fields(DreamerConfig)}
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+# field type -> (accepts, converts, what to ask for)
+_TYPE_RULES = {
+    type(None): (lambda v: v is None or _is_int(v), lambda v: v,
+                 'an integer or None'),        # Optional[int] (units_override)
+    bool: (lambda v: isinstance(v, bool), bool, 'a bool (True or False)'),
+    int: (lambda v: _is_int(v) or (isinstance(v, float) and v.is_integer()),
+          int, 'an integer'),
+    float: (lambda v: _is_int(v) or isinstance(v, float), float, 'a number'),
+    str: (lambda v: isinstance(v, str), str, 'a string'),
+    tuple: (lambda v: isinstance(v, (tuple, list)), tuple, 'a tuple'),
+}
+
+
+def _typed(name: str, value, kind):
+  """``value`` as field ``name``'s type ``kind``; ValueError naming both."""
+  if kind not in _TYPE_RULES:
+    return value
+  accepts, convert, want = _TYPE_RULES[kind]
+  if accepts(value):
+    return convert(value)
+  raise ValueError(f'--config_overrides: {name}={value!r} must be {want} '
+                   f'(DreamerConfig.{name} is {kind.__name__})')
+
+
+def parse_overrides(entries) -> dict:
+  """['lr=1e-4', 'online_queue=False'] -> {'lr': 1e-4, 'online_queue': False}.
+
+  Each value is checked against the DreamerConfig field's type before
+  anything is built or written (ValueError naming the field)."""
+  types = _field_types()
+  out = {}
+  for entry in entries or []:
+    if '=' not in entry:
+      raise ValueError(f'--config_overrides entry {entry!r} is not name=value')
+    name, raw = entry.split('=', 1)
+    name = name.strip()
+    if name not in types:
+      raise ValueError(f'--config_overrides: unknown DreamerConfig field {name!r}')
+    if name in CONFIG_FLAGS or name == 'train_fill':
+      raise ValueError(f'--config_overrides: set {name!r} with --{name}')
+    try:
+      value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+      value = raw.strip()            # bare strings, e.g. latent_store_dtype=float32
+    out[name] = _typed(name, value, types[name])
+  return out
+
+
+def _overrides_ok(entries) -> bool:
+  try:
+    parse_overrides(entries)
+  except ValueError as e:        # the message names the field and its type
+    raise flags.ValidationError(str(e)) from e
+  return True
+
+
+def jax_cache_dir(fv: flags.FlagValues, logdir: str) -> Optional[str]:
+  """--jax_cache_dir: default <logdir>/jax_cache; 'off' -> None."""
+  value = fv.jax_cache_dir
+  if value == 'off':
+    return None
+  return os.path.abspath(os.path.expanduser(value or os.path.join(logdir,
+                                                                  'jax_cache')))
+
+
+def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
+                       ) -> Tuple[RunConfig, DreamerConfig,
+                                  Optional[DistributedConfig]]:
+  """(RunConfig, DreamerConfig, DistributedConfig or None without
+  --distributed) from parsed flags; ValueError names the flag."""
+  kw = {name: fv[name].value for name in CONFIG_FLAGS}
+  kw['train_fill'] = fv.train_fill or fv.batch_size * fv.batch_length
+  kw.update(parse_overrides(fv.config_overrides))
+  try:
+    config = make_config(**kw)
+  except ValueError as e:
+    raise ValueError(f'invalid configuration from flags: {e}') from e
+  if config.batch_size * config.seq_len > config.replay_capacity:
+    raise ValueError(f'--replay_capacity {config.replay_capacity} must be >= '
+                     f'batch_size * (batch_length + 1) = '
+                     f'{config.batch_size * config.seq_len}')
+  names = FLAG_NAMES + (DIST_FLAG_NAMES if fv.distributed else ())
+  text = ''.join(fv[name].serialize() + '\n' for name in names
+                 if fv[name].serialize())
+  logdir = os.path.abspath(os.path.expanduser(fv.logdir))
+  run = RunConfig(
+      suite=fv.suite, task=fv.task, logdir=logdir,
+      env_steps=fv.env_steps, num_envs=fv.num_envs,
+      action_repeat=fv.action_repeat, eval_every=fv.eval_every,
+      eval_episodes=fv.eval_episodes, eval_policy=fv.eval_policy,
+      checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
+      learner_log_every=fv.learner_log_every,
+      progress_every=fv.progress_every, time_limit=fv.time_limit,
+      chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
+      report=fv.report, jax_cache_dir=jax_cache_dir(fv, logdir),
+      flags_text=text)
+  dist = None
+  if fv.distributed:
+    check_actors(run.num_envs, fv.num_actors)
+    dist = DistributedConfig(
+        num_actors=fv.num_actors, update_period=fv.actor_update_period,
+        terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace)
+  return run, config, dist
