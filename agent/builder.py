@@ -159,17 +159,26 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   def make_actor(self, random_key, policy_network, adder=None,
                  variable_source: Optional[core.VariableSource] = None, *,
                  num_envs: Optional[int] = None, on_add=None,
-                 policy_fn=None) -> DreamerActor:
+                 policy_fn=None, update_period: int = 1,
+                 versioned: bool = False) -> DreamerActor:
     """A batched actor over ``num_envs`` (default N) envs (spec 7.1).
 
     ``policy_network`` is what ``make_policy`` returns. The variable source
     (the learner, or a remote one) is read through an acme VariableClient
-    with key 'policy' refreshed on every ``actor.update()``.
+    with key 'policy', fetched every ``update_period`` ``actor.update()``
+    calls; ``versioned`` also fetches the source's 'num_updates'
+    (``agent.actor.VersionedVariableClient``, remote learners). ``on_add``
+    runs after each env's step is added (the one-process schedule,
+    ``agent.local.ScheduledUpdates``).
     """
     if variable_source is None:
       raise ValueError('make_actor needs a variable_source (the learner)')
     policy, mode = policy_network
-    client = variable_utils.VariableClient(variable_source, 'policy')
+    if versioned:
+      client = VersionedVariableClient(variable_source, update_period)
+    else:
+      client = variable_utils.VariableClient(variable_source, 'policy',
+                                             update_period=update_period)
     return DreamerActor(policy, self.spaces, num_envs or self.num_envs,
                         random_key, client, adder, mode=mode, on_add=on_add,
                         policy_fn=policy_fn)

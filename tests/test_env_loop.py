@@ -10,10 +10,11 @@ import pytest
 from acme import environment_loop
 from acme.utils import counting
 
-from agent import acting
+from agent import acting, learning
 from agent.actor import DreamerActor, StaticVariableClient
 from agent.builder import DreamerBuilder, seed_keys
 from agent.config import make_config
+from agent.learner import DreamerLearner
 from agent.local import DreamerAgent, ScheduledUpdates
 from experiments.envs.dmc import DMCEnv
 from experiments.envs.vector import VectorEnv
@@ -49,6 +50,12 @@ def setup():
   nets = builder.make_networks()
   params = acting.acting_params(nets.init(jax.random.PRNGKey(0)))
   return config, spaces, builder, nets, params
+
+
+@pytest.fixture(scope='module')
+def train_step(setup):
+  """One compiled update shared by the learners of this module's runs."""
+  return learning.make_train_step(setup[3])
 
 
 def _actor(setup, adder, n=2):
@@ -130,15 +137,15 @@ def test_eval_episodes_one_score_per_env(setup):
   env.close()
 
 
-def _agent_run(setup, schedule_ratio, vector_steps):
+def _agent_run(setup, train_step, schedule_ratio, vector_steps):
   """DreamerAgent + learner on a real server with the 'ratio_sync' limiter."""
   config, spaces, builder, nets, _ = setup
   server = tables_lib.make_server(builder.make_replay_tables())
   client = server.localhost_client()
   adder = builder.make_adder(client)
   dataset = builder.make_dataset_iterator(client)
-  learner = builder.make_learner(seed_keys(0)['learner'], nets, dataset, client,
-                                 counting.Counter())
+  learner = DreamerLearner(nets, dataset, seed_keys(0)['learner'],
+                           counter=counting.Counter(), train_step=train_step)
   schedule = TrainSchedule(make_config(**{**config.__dict__,
                                           'train_ratio': schedule_ratio}))
   updates = ScheduledUpdates(learner, schedule, lambda: adder.num_items,
@@ -161,22 +168,23 @@ def _agent_run(setup, schedule_ratio, vector_steps):
   return out
 
 
-def test_rate_limiter_never_blocks_the_spec_schedule(setup):
+def test_rate_limiter_never_blocks_the_spec_schedule(setup, train_step):
   """spec 6.1: with the table's own ratio the per-transition schedule runs
   exactly (nothing owed), the limiter counting every uniform sample."""
   config = setup[0]
-  agent_, schedule, info = _agent_run(setup, config.train_ratio, 60)
+  agent_, schedule, info = _agent_run(setup, train_step, config.train_ratio, 60)
   assert agent_.num_updates > 0
   assert agent_.owed_updates == 0
   assert agent_.num_updates == schedule.num_updates
   assert info.sample_stats.completed > 0
 
 
-def test_rate_limiter_defers_updates_beyond_the_ratio(setup):
+def test_rate_limiter_defers_updates_beyond_the_ratio(setup, train_step):
   """A learner asked to train 8x the table's ratio is held at the limiter's
   band (updates owed, never a deadlock), so rows per insert stay bounded."""
   config = setup[0]
-  agent_, schedule, info = _agent_run(setup, 8 * config.train_ratio, 60)
+  agent_, schedule, info = _agent_run(setup, train_step, 8 * config.train_ratio,
+                                      60)
   assert agent_.owed_updates > 0
   assert agent_.num_updates + agent_.owed_updates == schedule.num_updates
   rl = info

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-import dm_env  # noqa: F401  (annotations)
 import numpy as np
 from dm_env import specs
 

@@ -89,7 +89,7 @@ class VectorEnv(dm_env.Environment):
         or num_envs < 1):
       raise ValueError(f'num_envs must be an integer >= 1, got {num_envs!r}')
     if num_envs > WORKER_SEED_STRIDE:
-      raise ValueError(f'num_envs must be <= {SEED_STRIDE} (env seeds are '
+      raise ValueError(f'num_envs must be <= {WORKER_SEED_STRIDE} (env seeds are '
                        f'seed * {WORKER_SEED_STRIDE} + i), got {num_envs}')
     self._repeat = check_repeat(action_repeat)
     self.num_envs = int(num_envs)

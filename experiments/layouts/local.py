@@ -40,8 +40,6 @@ import signal
 import time
 from typing import Any, Dict, List
 
-import numpy as np
-
 import agent  # noqa: F401  (jax compat before acme)
 from agent.config import DreamerConfig
 from experiments.run import env_loop, metrics, rundir

@@ -19,7 +19,7 @@ from experiments.layouts.distributed.node_utils import (
     SyncedCounter, call_until, in_launchpad, lp_hooks, record_error,
     wait_for_replay)
 from experiments.layouts.distributed.spec import ProgramSpec
-from experiments.run import env_loop, metrics, rundir
+from experiments.run import env_loop, rundir
 from experiments.run.config import log, segment_seed
 
 

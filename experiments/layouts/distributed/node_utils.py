@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from acme.utils import counting
 from agent.learner import StopRequested
-from experiments.layouts.distributed.spec import ProgramSpec
+from experiments.layouts.distributed.spec import ERRORS_DIR, ProgramSpec
 from experiments.run.config import log
 
 
