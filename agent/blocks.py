@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agent.parallel import data_parallel_tracing
+
 TRUNC_STD_CORRECTION = 1.1368  # 1 / std of a unit normal truncated to [-2, 2]
 
 
@@ -59,6 +61,27 @@ def _flat2(x):
   return x.reshape(-1, x.shape[-1])
 
 
+def _lead(x):
+  return tuple(range(x.ndim - 1))
+
+
+def sum_rows(g, dtype=None):
+  """g [..., o] summed over every leading row axis -> [o] in ``dtype``
+  (default g's), f32 accumulation.
+
+  One device: a GEMV with a ones vector over the flattened rows (XLA:CPU's
+  row reduction is slower). Data-parallel (``agent.parallel``): a plain sum
+  over the leading axes, since flattening [H, N, o] with N split over the
+  devices would make XLA gather the whole tensor first; the partitioner sums
+  each device's rows and all-reduces the [o] partial sums."""
+  dtype = dtype or g.dtype
+  if data_parallel_tracing() and g.ndim > 2:
+    return jnp.sum(g, axis=_lead(g), dtype=jnp.float32).astype(dtype)
+  g2 = _flat2(g)
+  return jnp.dot(jnp.ones((g2.shape[0],), g2.dtype), g2,
+                 preferred_element_type=jnp.float32).astype(dtype)
+
+
 def weight_grad(x, g):
   """dW = x^T g over every leading row: x [..., i], g [..., o] -> [i, o].
 
@@ -70,7 +93,15 @@ def weight_grad(x, g):
   back into the slow form. The same products and sums (bench: [15360, 640] x
   [15360, 64] 9.1 -> 4.5 ms, [15360, 2560] x [15360, 256] 69 -> 48 ms); for
   i < 4 o the plain form is as fast or faster.
+
+  Data-parallel (``agent.parallel``): one contraction over the leading axes
+  without flattening them (flattening [H, N, i] with N split over the devices
+  would make XLA gather the whole tensor); each device contracts its rows and
+  the partitioner all-reduces the [i, o] partial products.
   """
+  if data_parallel_tracing() and x.ndim > 2:
+    lead = _lead(x)
+    return jax.lax.dot_general(x, g, ((lead, lead), ((), ())))
   x, g = _flat2(x), _flat2(g)
   if x.shape[-1] >= 4 * g.shape[-1]:
     return jax.lax.optimization_barrier(g.T @ x).T
@@ -90,11 +121,10 @@ def _affine_fwd(x, w, b, w_t):
 def _affine_bwd(res, g):
   x, w, w_t = res
   dx = g @ (w.T if w_t is None else w_t)
-  g2 = _flat2(g)
-  dw = weight_grad(x, g2)
-  # Bias gradient as a GEMV: XLA:CPU's row reduction (reduce-window) is slower.
-  db = jnp.dot(jnp.ones((g2.shape[0],), g2.dtype), g2,
-               preferred_element_type=jnp.float32).astype(g.dtype)
+  if not data_parallel_tracing():
+    g = _flat2(g)       # one flatten for both products (see sum_rows)
+  dw = weight_grad(x, g)
+  db = sum_rows(g)      # a GEMV: XLA:CPU's row reduction is slower
   return dx, dw, db, None
 
 
@@ -184,8 +214,12 @@ def _rms_bwd(eps, res, dy):
   n = x.shape[-1]
   sdy = dy * scale
   dx = r * sdy - x * (r ** 3) * (row_sum(sdy * x)[..., None] / n)
-  dyxr = (dy * x * r).reshape(-1, n)
-  dscale = (jnp.ones((1, dyxr.shape[0]), dyxr.dtype) @ dyxr)[0]
+  dyxr = dy * x * r
+  if data_parallel_tracing() and dyxr.ndim > 2:
+    dscale = jnp.sum(dyxr, axis=_lead(dyxr))
+  else:
+    dyxr = dyxr.reshape(-1, n)
+    dscale = (jnp.ones((1, dyxr.shape[0]), dyxr.dtype) @ dyxr)[0]
   return dx, dscale.reshape(scale.shape)
 
 

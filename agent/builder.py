@@ -45,6 +45,7 @@ from agent import networks as nets_lib
 from agent.actor import DreamerActor, VersionedVariableClient, make_policy_fn
 from agent.config import DreamerConfig
 from agent.learner import DreamerLearner, ReplayIterator
+from agent.parallel import LearnerPlacement, check_batch_size
 from agent.types import EnvSpaces, step_spec
 from reverb_tables.adder import DEFAULT_CHUNK_LENGTH, WindowAdder
 from reverb_tables.latent_store import LatentStore
@@ -69,15 +70,21 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
       is an accelerator.
     eval_policy: 'sample' (paper, spec 7.3) or 'mode' for evaluation actors.
     learner_logger_fn: factory of the learner's acme Logger (or None).
+    learner_log_every: updates between the learner logger's writes.
+    learner_devices: devices the update runs data-parallel over
+      (``agent.parallel.LearnerPlacement``; batch_size must be a multiple).
+    policy_device: index of the device that serves acting params.
   """
 
   def __init__(self, config: DreamerConfig, spaces: EnvSpaces, *,
                num_envs: int, rate_limiter: str = 'ratio_sync',
                chunk_length: Optional[int] = None, eval_policy: str = 'sample',
                prefetch: bool = True, device_prefetch: bool = True,
-               learner_logger_fn=lambda: None, learner_log_every: int = 0):
+               learner_logger_fn=lambda: None, learner_log_every: int = 0,
+               learner_devices: int = 1, policy_device: int = 0):
     if num_envs < 1:
       raise ValueError(f'num_envs must be >= 1, got {num_envs}')
+    check_batch_size(config.batch_size, learner_devices)
     self.config = config
     self.spaces = spaces
     self.num_envs = int(num_envs)
@@ -88,7 +95,19 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     self._eval_policy = eval_policy
     self._logger_fn = learner_logger_fn
     self._log_every = learner_log_every
+    self._learner_devices = int(learner_devices)
+    self._policy_device = int(policy_device)
+    self._placement: Optional[LearnerPlacement] = None
     self.step_spec = step_spec(spaces, config)
+
+  @property
+  def placement(self) -> LearnerPlacement:
+    """The learner's devices, made on first use (actor processes, which see
+    only their CPU, never need it)."""
+    if self._placement is None:
+      self._placement = LearnerPlacement(self._learner_devices,
+                                         self._policy_device)
+    return self._placement
 
   # -- networks / policy --------------------------------------------------------
   def make_networks(self) -> nets_lib.DreamerNetworks:
@@ -138,6 +157,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     device = jax.devices()[0]
     if not self._device_prefetch or device.platform == 'cpu':
       device = None
+    if self.placement.sharded:          # rows split over the learner devices
+      device = self.placement.batch
     return ReplayIterator(sampler, store, prefetch=self._prefetch,
                           should_stop=should_stop, on_wait=on_wait,
                           device=device)
@@ -154,7 +175,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
                    counter: Optional[counting.Counter] = None) -> DreamerLearner:
     del replay_client  # the write-back goes through the dataset's latent store
     return DreamerLearner(networks, dataset, random_key, counter=counter,
-                          logger=self._logger_fn(), log_every=self._log_every)
+                          logger=self._logger_fn(), log_every=self._log_every,
+                          placement=self.placement)
 
   def make_actor(self, random_key, policy_network, adder=None,
                  variable_source: Optional[core.VariableSource] = None, *,

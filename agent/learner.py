@@ -45,6 +45,7 @@ from acme.utils import counting
 from agent import acting
 from agent import learning
 from agent import networks as nets_lib
+from agent.parallel import LearnerPlacement, check_batch_size
 from reverb_tables.sampler import overlay_latents
 
 VARIABLE_NAMES = ('policy', 'params')
@@ -76,8 +77,9 @@ class ReplayIterator:
   with the overlay after the previous write-back and a wait that ends with
   ``StopRequested`` once ``should_stop()`` is true; ``on_wait()`` runs about
   every second while blocked (bookkeeping of a learner process). With
-  ``device`` (a jax device) the overlaid batch is put there (``step_id``
-  stays on the host for the write-back).
+  ``device`` (a jax device, or the sharding of a data-parallel learner,
+  ``agent.parallel``) the overlaid batch is put there (``step_id`` stays on
+  the host for the write-back).
 
   Timings: ``wait_s`` (caller blocked waiting for a batch) and ``sample_s``
   (time inside ``sample_train``).
@@ -197,13 +199,17 @@ class DreamerLearner(core.Learner):
       write, with ``updates_in_mean`` and the counts.
     log_every: updates between logger writes (0 = never).
     train_step: a prebuilt ``learning.TrainStep`` to share (tests, bench).
+    placement: ``agent.parallel.LearnerPlacement``: the learner devices (the
+      update runs data-parallel over them) and the device that serves acting
+      params; default one device.
   """
 
   def __init__(self, networks: nets_lib.DreamerNetworks, iterator: Iterator,
                random_key, *, write_back: Any = None,
                counter: Optional[counting.Counter] = None, logger=None,
                log_every: int = 0,
-               train_step: Optional[learning.TrainStep] = None):
+               train_step: Optional[learning.TrainStep] = None,
+               placement: Optional[LearnerPlacement] = None):
     self._nets = networks
     self._config = networks.config
     self._iterator = iterator
@@ -213,9 +219,12 @@ class DreamerLearner(core.Learner):
     self._counter = counter or counting.Counter()
     self._logger = logger
     self._log_every = int(log_every)
-    self._train_step = train_step or learning.make_train_step(networks)
+    self._placement = placement or LearnerPlacement()
+    check_batch_size(self._config.batch_size, self._placement.num_devices)
+    self._train_step = train_step or learning.make_train_step(
+        networks, placement=self._placement)
     self._update = self._train_step.update
-    self._state = self._train_step.init(random_key)
+    self._state = self._placement.put_state(self._train_step.init(random_key))
     self._checked_shapes = None
     self._variables_cache = (None, None)
     self.num_steps = 0
@@ -312,10 +321,10 @@ class DreamerLearner(core.Learner):
         raise ValueError(f'unknown variable collection {name!r}; valid: '
                          f'{list(VARIABLE_NAMES)}')
       if name not in cached:
-        params = self._state.params
+        params = jax.tree_util.tree_map(jnp.copy, self._state.params)
         if name == 'policy':
-          params = acting.acting_params(params)
-        cached[name] = jax.tree_util.tree_map(jnp.copy, params)
+          params = self._placement.put_policy(acting.acting_params(params))
+        cached[name] = params
       out.append(cached[name])
     return out
 
@@ -326,7 +335,8 @@ class DreamerLearner(core.Learner):
 
   def restore(self, state: learning.TrainingState) -> None:
     """Loads a TrainingState saved by ``save`` (structure, shapes and dtypes
-    must match this learner's; ValueError otherwise)."""
+    must match this learner's; ValueError otherwise). It may have been saved
+    with another number of learner devices: ``save`` gathers to the host."""
     template = self._state
     t_leaves, t_def = jax.tree_util.tree_flatten(template)
     leaves, s_def = jax.tree_util.tree_flatten(state)
@@ -339,6 +349,7 @@ class DreamerLearner(core.Learner):
       if x.shape != t.shape or x.dtype != t.dtype:
         raise ValueError(f'saved TrainingState leaf {x.dtype}{list(x.shape)} '
                          f'does not match {t.dtype}{list(t.shape)}')
-      new.append(jax.device_put(x))
-    self._state = jax.tree_util.tree_unflatten(t_def, new)
+      new.append(x)
+    self._state = self._placement.put_state(
+        jax.tree_util.tree_unflatten(t_def, new))
     self._variables_cache = (None, None)

@@ -35,6 +35,7 @@ from agent import optimizer as opt_lib
 from agent import rssm as rssm_lib
 from agent import world_model
 from agent.config import DreamerConfig
+from agent.parallel import LearnerPlacement, shard_rows
 from agent.types import EnvSpaces, step_spec
 
 sg = jax.lax.stop_gradient
@@ -100,7 +101,7 @@ def compute_losses(params, slow_params, retnorm, batch, key,
 
   # --- imagination (spec 3.1-3.3), no gradient into the world model ----------
   # Time-major from here on: states 0..H on the leading axis, N = B*T starts.
-  start_feat = sg(feat).reshape(N, c.feat_dim)
+  start_feat = shard_rows(sg(feat).reshape(N, c.feat_dim))
   def policy_fn(rest, pre, noise):
     # Policy weights NOT stop-gradiented: its raw outputs are reused by the
     # actor loss (log-prob of the stop-gradient action, entropy), spec 3.3, 3.11.
@@ -108,8 +109,9 @@ def compute_losses(params, slow_params, retnorm, batch, key,
     return nets.policy_dist(outputs).sample(noise=noise), outputs
 
   shape = (c.imag_horizon, N, nets.spaces.act_dim)
-  policy_noise = (jax.random.gumbel(k_pol, shape) if nets.spaces.discrete
-                  else jax.random.normal(k_pol, shape))
+  policy_noise = shard_rows(jax.random.gumbel(k_pol, shape)
+                            if nets.spaces.discrete
+                            else jax.random.normal(k_pol, shape), axis=1)
   feats, img_act, pol_out = rssm_lib.imagine(
       Wsg['dyn'], start_feat, policy_fn, policy_params(W['pol']), policy_noise,
       k_img, c)                                                   # feats: states 1..H
@@ -193,7 +195,11 @@ class TrainStep(NamedTuple):
   nets: nets_lib.DreamerNetworks
 
 
-def make_train_step(nets: nets_lib.DreamerNetworks, jit: bool = True) -> TrainStep:
+def make_train_step(nets: nets_lib.DreamerNetworks, jit: bool = True,
+                    placement=None) -> TrainStep:
+  """``init`` and the jitted ``update`` (module doc). ``placement``: an
+  ``agent.parallel.LearnerPlacement`` (default one device); with N devices the
+  update runs data-parallel (state replicated, batch rows split)."""
   c = nets.config
   optimizer = opt_lib.make_optimizer(lr=c.lr, agc=c.agc, beta1=c.beta1, beta2=c.beta2,
                                      eps=c.eps, warmup=c.warmup, pmin=c.agc_pmin)
@@ -231,7 +237,7 @@ def make_train_step(nets: nets_lib.DreamerNetworks, jit: bool = True) -> TrainSt
     return new_state, metrics, outs
 
   if jit:
-    update = jax.jit(update, donate_argnums=0)
+    update = (placement or LearnerPlacement()).jit_update(update)
   return TrainStep(init, update, optimizer, nets)
 
 

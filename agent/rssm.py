@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from agent import blocks
 from agent import distributions as dists
 from agent.config import DreamerConfig
+from agent.parallel import shard_rows
 
 sg = jax.lax.stop_gradient
 
@@ -308,7 +309,8 @@ def observe(W, start: Latent, tokens, prevact, is_first, key, config: DreamerCon
   dtype = config.jnp_compute_dtype
   x2 = embed_action(W, prevact, is_first, config)                  # [B, T, H]
   tok = token_projection(W, tokens.astype(dtype), config)          # [B, T, H]
-  noise = jax.random.uniform(key, (T, B, config.stoch), jnp.float32)   # sampling noise
+  noise = shard_rows(jax.random.uniform(key, (T, B, config.stoch), jnp.float32),
+                     axis=1)                                   # sampling noise
   xs = (jnp.swapaxes(tok, 0, 1), jnp.swapaxes(x2, 0, 1),
         jnp.swapaxes(is_first, 0, 1), noise)
   carry = Latent(sg(start.deter).astype(dtype),
@@ -441,7 +443,8 @@ def imagine(W, start_feat, policy_fn, policy_params, policy_noise, key,
   N = start_feat.shape[0]
   horizon = policy_noise.shape[0]
   dtype = config.jnp_compute_dtype
-  noise = jax.random.uniform(key, (horizon, N, config.stoch), jnp.float32)
+  noise = shard_rows(jax.random.uniform(key, (horizon, N, config.stoch),
+                                        jnp.float32), axis=1)
   first, rest = policy_params
   feats, actions, outputs = _imagine_scan(
       policy_fn, config, prepare_core(W, config), rest, first,
@@ -524,9 +527,7 @@ def _imagine_scan_bwd(policy_fn, config, res, g):
   # Step t's policy reads state t: the start state, then feats[t - 1].
   d_next = jnp.concatenate([d_pre[1:], jnp.zeros_like(d_pre[:1])], 0)
   dw = blocks.weight_grad(start, d_pre[0]) + blocks.weight_grad(feats, d_next)
-  rows = d_pre.reshape(-1, d_pre.shape[-1])
-  db = jnp.dot(jnp.ones((rows.shape[0],), rows.dtype), rows,
-               preferred_element_type=jnp.float32)
+  db = blocks.sum_rows(d_pre, jnp.float32)
   d_first = {'w': dw.astype(first['w'].dtype), 'b': db.astype(first['b'].dtype)}
   zeros = lambda tree: jax.tree_util.tree_map(jnp.zeros_like, tree)
   return zeros(Wc), d_rest, d_first, zeros(start), zeros(xs)

@@ -38,6 +38,43 @@ def computations(text: str):
   return comps, entry
 
 
+_DTYPE_BYTES = {'f32': 4, 'bf16': 2, 'f16': 2, 's32': 4, 'u32': 4, 'pred': 1,
+                'f64': 8, 's64': 8, 'u8': 1, 's8': 1, 'u16': 2}
+
+
+def collective_bytes(text: str) -> dict:
+  """Bytes the collectives of a compiled HLO module produce, by kind
+  ({'all-reduce': {'ops': n, 'bytes': b, 'in_loops': k}, ...}); an op inside a
+  while body (a scan) is counted once and reported in ``in_loops``."""
+  comps, entry = computations(text)
+  loop_bodies = set()
+  for lines in comps.values():
+    for line in lines:
+      m = re.search(r'while\(.*body=%?([\w.\-]+)', line)
+      if m:
+        loop_bodies.add(m.group(1))
+  out = {}
+  for name, lines in comps.items():
+    for line in lines:
+      m = re.match(r'\s*(?:ROOT )?%\S+ = (.+?) (all-reduce|all-gather|'
+                   r'reduce-scatter|all-to-all|collective-permute)'
+                   r'(?:-start)?\(', line)
+      if not m:
+        continue
+      shapes = re.findall(r'(\w+)\[([\d,]*)\]', m.group(1))
+      nbytes = 0
+      for dtype, dims in shapes:
+        size = 1
+        for d in filter(None, dims.split(',')):
+          size *= int(d)
+        nbytes += size * _DTYPE_BYTES.get(dtype, 4)
+      entry_ = out.setdefault(m.group(2), {'ops': 0, 'bytes': 0, 'in_loops': 0})
+      entry_['ops'] += 1
+      entry_['bytes'] += nbytes
+      entry_['in_loops'] += name in loop_bodies
+  return out
+
+
 def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
   """Measured f32 matmul throughput of this machine (XLA CPU)."""
   a = jnp.ones((n, n), jnp.float32)

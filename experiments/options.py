@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 from absl import flags
 
 from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config
+from agent.parallel import check_batch_size
 from experiments.envs import suites
 from experiments.layouts.distributed.spec import DistributedConfig, check_actors
 from experiments.run.config import RunConfig
@@ -36,7 +37,7 @@ FLAG_NAMES = (
     'progress_every',
     'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
     'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
-    'jax_cache_dir')
+    'jax_cache_dir', 'learner_devices', 'policy_device')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
@@ -104,6 +105,13 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       'Persistent XLA compilation cache (a resumed run skips '
                       'recompiling), in every process of either layout; '
                       'default <logdir>/jax_cache, "off" disables.', **F)
+  flags.DEFINE_integer('learner_devices', 1, 'Devices the update runs '
+                       'data-parallel over (batch rows split, params '
+                       'replicated; agent/parallel.py); --batch_size must be a '
+                       'multiple. On a CPU, XLA_FLAGS=--xla_force_host_platform_'
+                       'device_count=N makes N devices.', **F)
+  flags.DEFINE_integer('policy_device', 0, 'Index of the device that serves '
+                       'acting params (the official --jax.policy_devices).', **F)
   # The Launchpad layout (experiments/layouts/distributed/).
   flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
                     '(experiments/layouts/distributed/).', **F)
@@ -146,6 +154,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('train_fill', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('time_limit', lambda x: x is None or x > 0, 'must be > 0 seconds')
   v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('learner_devices', lambda x: x is not None and x >= 1, 'must be >= 1')
+  v('policy_device', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('num_actors', lambda x: x is not None and 1 <= x <= 256, 'must be in [1, 256]')
   v('actor_update_period', lambda x: x is not None and x >= 1, 'must be >= 1')
   v('stop_grace', lambda x: x is not None and x > 0, 'must be > 0 seconds')
@@ -253,6 +263,7 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
     config = make_config(**kw)
   except ValueError as e:
     raise ValueError(f'invalid configuration from flags: {e}') from e
+  check_batch_size(config.batch_size, fv.learner_devices)
   if config.batch_size * config.seq_len > config.replay_capacity:
     raise ValueError(f'--replay_capacity {config.replay_capacity} must be >= '
                      f'batch_size * (batch_length + 1) = '
@@ -271,6 +282,7 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
       progress_every=fv.progress_every, time_limit=fv.time_limit,
       chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
       report=fv.report, jax_cache_dir=jax_cache_dir(fv, logdir),
+      learner_devices=fv.learner_devices, policy_device=fv.policy_device,
       flags_text=text)
   dist = None
   if fv.distributed:

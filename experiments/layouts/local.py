@@ -96,7 +96,9 @@ class Trainer:
                                   prefetch=run.prefetch,
                                   learner_logger_fn=lambda: metrics.LearnerRows(
                                       lambda: self.logger, lambda: self.env_steps),
-                                  learner_log_every=run.learner_log_every)
+                                  learner_log_every=run.learner_log_every,
+                                  learner_devices=run.learner_devices,
+                                  policy_device=run.policy_device)
     reverb_root = rundir.reverb_dir(self.logdir)
     os.makedirs(reverb_root, exist_ok=True)
     tables = self.builder.make_replay_tables()

@@ -55,6 +55,10 @@ class RunConfig:
   jax_cache_dir: JAX's persistent compilation cache, used by every process
   of the run that compiles (``enable_compilation_cache``); None: off.
   report: the entry point writes report.png at the end.
+  learner_devices / policy_device: the learner's update runs data-parallel
+  over the first ``learner_devices`` devices; acting params are served from
+  device ``policy_device`` (``agent.parallel``). Not resume-fixed: a run
+  checkpointed with N devices resumes with M.
   """
   task: str
   logdir: str
@@ -74,6 +78,8 @@ class RunConfig:
   prefetch: bool = True
   report: bool = True
   jax_cache_dir: Optional[str] = None     # XLA compilation cache; None = off
+  learner_devices: int = 1                # data-parallel update (agent.parallel)
+  policy_device: int = 0                  # device serving acting params
   flags_text: str = ''
   verbose: bool = True
   # suite 'custom': seed -> dm_env.Environment (not saved; give it again to

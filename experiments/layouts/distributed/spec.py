@@ -123,7 +123,8 @@ class ProgramSpec:
     return DreamerBuilder(self.config, self.spaces, num_envs=run.num_envs,
                           rate_limiter='ratio', chunk_length=run.chunk_length,
                           eval_policy=run.eval_policy, prefetch=run.prefetch,
-                          **kwargs)
+                          learner_devices=run.learner_devices,
+                          policy_device=run.policy_device, **kwargs)
 
   def wait_for_learner(self) -> bool:
     """Blocks until the learner's final checkpoint is written (or the grace)."""
