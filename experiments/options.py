@@ -46,12 +46,14 @@ MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the run flags (and their validators) on ``fv``."""
   F = dict(flag_values=fv)
-  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym'],
-                    'Where --task comes from: dm_control or gym 0.26 '
+  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium'],
+                    'Where --task comes from: dm_control, gym 0.26 or '
+                    'gymnasium 1.x '
                     '(experiments/envs/suites.py).', **F)
   flags.DEFINE_string('task', 'walker_walk',
                       'dmc: task "domain_task" (spec 7.5 list in '
-                      'experiments/envs/dmc.py); gym: a task id like CartPole-v1.', **F)
+                      'experiments/envs/dmc.py); gym / gymnasium: a task id '
+                      'like CartPole-v1.', **F)
   flags.DEFINE_enum('size', 'size12m', sorted(SIZE_PRESETS),
                     'Model size preset (spec 2.1); paper protocol size12m.', **F)
   flags.DEFINE_float('train_ratio', 512.0,

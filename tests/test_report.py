@@ -131,3 +131,25 @@ def test_cli(tmp_path):
       [sys.executable, os.path.join(ROOT, 'experiments', 'tools', 'report.py'),
        '--logdir', str(tmp_path / 'nope')], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and 'error:' in proc.stderr
+
+
+def test_tasks_without_official_curves_get_a_fitted_axis_and_short_bins(tmp_path):
+  """A 12K-step gym run whose scores sit near -500: the y-axis fits them and
+  the bins show the run as a curve; DMC tasks keep the benchmark's 0..1,000
+  axis and the anchors' 10K bins."""
+  steps = np.arange(200, 12_001, 200)
+  rows = [{'task': 'Pendulum-v1', 'env_step': int(s), 'score': -520.0 + s / 1000,
+           'seed': 0} for s in steps]
+  _write_scores(tmp_path / 'gym', rows)
+  (run,) = report.load_scores(tmp_path / 'gym')['pendulum-v1']
+  bins, (_, right), (lo, hi) = report.panel_scale([run], None)
+  assert bins == 12_000 / 25 and right > 12_000
+  assert -521 < lo < -520 and -508 < hi < -507
+  xs, _ = report.mean_curve([run], bins)
+  assert len(xs) >= 20
+  _fake_run(tmp_path / 'dmc')
+  dmc = report.load_scores(tmp_path / 'dmc')['walker_walk']
+  anchor = report.load_anchors()['walker_walk']
+  bins, _, (lo, hi) = report.panel_scale(dmc, anchor)
+  assert bins == report.BINSIZE and lo <= 0 and hi >= 1000
+  report.make_report([tmp_path / 'gym', tmp_path / 'dmc'], tmp_path / 'r.png')

@@ -3,9 +3,10 @@
   protocol.py  ProtocolEnv: any vector-observation dm_env under the protocol
   dmc.py       dm_control tasks (the DMC-proprio list, DMCEnv)
   gym.py       gym 0.26 tasks (acme's GymWrapper on the new API)
-  suites.py    make_env / check_task over 'dmc', 'gym' and 'custom'
+  gymnasium.py gymnasium 1.x tasks (a small dm_env wrapper: acme has none)
+  suites.py    make_env / check_task over 'dmc', 'gym', 'gymnasium', 'custom'
   vector.py    VectorEnv: N envs as one dm_env.Environment; EpisodeTracker
 
-Imports point one way: protocol <- dmc, gym <- suites <- vector. Nothing here
+Imports point one way: protocol <- dmc, gym, gymnasium <- suites <- vector. Nothing here
 imports the run layer.
 """

@@ -1,4 +1,4 @@
-"""Where a run's envs come from: dm_control, gym, or the caller's factory.
+"""Where a run's envs come from: dm_control, gym, gymnasium, or your factory.
 
 ``make_env(suite, task, action_repeat, seed, ...)`` returns one
 ``experiments.envs.protocol.ProtocolEnv`` (the spec 7.2/7.4/7.5 protocol over a
@@ -14,6 +14,9 @@
   keeps its keys); a Discrete action space is a discrete action (spec 3.14),
   a Box one continuous, normalised to [-1, 1] (spec 7.4). Other spaces get a
   clear error.
+* ``'gymnasium'``: a registered gymnasium 1.x task id, through
+  ``experiments.envs.gymnasium.GymnasiumEnv`` (terminated -> is_terminal,
+  truncated -> is_last only; seeds through ``reset(seed=...)``).
 * ``'custom'``: ``env_factory(seed) -> dm_env.Environment``, the caller's
   own env (``experiments.run_dmc.train``, README "Your own environment").
 
@@ -30,7 +33,7 @@ import dm_env
 from experiments.envs import dmc
 from experiments.envs.protocol import ProtocolEnv
 
-SUITES = ('dmc', 'gym', 'custom')
+SUITES = ('dmc', 'gym', 'gymnasium', 'custom')
 EnvFactory = Callable[[int], dm_env.Environment]
 
 
@@ -49,6 +52,11 @@ def check_task(suite: str, task: str, time_limit: Optional[float] = None) -> Non
     names = gym.gym_task_names()
     if task not in names:
       raise ValueError(gym.unknown_task_message(task, names))
+  elif suite == 'gymnasium':
+    from experiments.envs import gymnasium   # lazy: gymnasium
+    names = gymnasium.task_names()
+    if task not in names:
+      raise ValueError(gymnasium.unknown_task_message(task, names))
   if suite != 'dmc' and time_limit is not None:
     raise ValueError('--time_limit (simulated seconds) is a dm_control '
                      f'setting; --suite={suite} envs end by their own limits')
@@ -73,6 +81,10 @@ def make_env(suite: str, task: str, action_repeat: int, seed: int, *,
   if suite == 'gym':
     from experiments.envs import gym   # lazy: gym and acme's wrapper (~2 s)
     return ProtocolEnv(gym.make_gym(task, seed, render), action_repeat, task, seed)
+  if suite == 'gymnasium':
+    from experiments.envs import gymnasium   # lazy: gymnasium
+    return ProtocolEnv(gymnasium.make_gymnasium(task, seed, render),
+                       action_repeat, task, seed)
   if suite == 'custom':
     if env_factory is None:
       raise ValueError("suite 'custom' needs an env_factory(seed) -> "

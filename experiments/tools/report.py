@@ -249,6 +249,30 @@ def format_table(rows: Sequence[Row], last_n: int = LAST_N) -> str:
 # --- plotting ----------------------------------------------------------------
 
 
+def panel_scale(runs: Sequence[Run], anchor: Optional[Anchor],
+                binsize: float = BINSIZE, xmax: Optional[float] = None):
+  """(bin size, (x left, x right), (y low, y high)) of one task's panel.
+
+  With official curves (the DMC-proprio tasks): the anchors' 10K bins and a
+  y-axis from 0 (or below) to 1,000 (or above), the benchmark's scale.
+  Without (gym, gymnasium, your own task): bins of about 1/25 of the run
+  (never wider than ``binsize``) so a short run shows a curve, and a y-axis
+  that fits the scores (a run whose scores sit at -500 is not drawn on a
+  0..1,000 axis)."""
+  our_max = max(float(r.steps[-1]) for r in runs)
+  lo = min(float(r.scores.min()) for r in runs)
+  hi = max(float(r.scores.max()) for r in runs)
+  if anchor is None:
+    binsize = min(binsize, max(1.0, our_max / 25))
+  else:
+    lo, hi = min(0.0, lo), max(1000.0, hi)
+  if hi - lo < 1e-9:                      # flat scores: a unit-wide band
+    lo, hi = lo - 0.5, hi + 0.5
+  right = xmax if xmax else max(our_max, binsize) * 1.05
+  pad = 0.03 * (hi - lo)
+  return binsize, (0.0, right), (lo - pad, hi + pad)
+
+
 def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
          out_png: PathLike, binsize: float = BINSIZE,
          xmax: Optional[float] = None, ncols: int = 4) -> None:
@@ -266,11 +290,10 @@ def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
   handles = {}
   for ax, task in zip(axes.flat, tasks):
     runs = runs_by_task[task]
-    our_max = max(float(r.steps[-1]) for r in runs)
-    right = xmax if xmax else max(our_max, binsize) * 1.05
     anchor = anchors.get(task)
+    task_bins, (_, right), ylim = panel_scale(runs, anchor, binsize, xmax)
     if anchor is not None:
-      keep = anchor.xs <= right + binsize
+      keep = anchor.xs <= right + task_bins
       if not keep.any():
         keep[0] = True
       xs, ys = anchor.xs[keep], anchor.ys[:, keep]
@@ -281,19 +304,17 @@ def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
                                        ls='--', marker='x' if len(xs) < 8 else None,
                                        label='official DreamerV3 mean')
     for r in (runs if len(runs) > 1 else ()):
-      bx, by = binned(r.steps, r.scores, binsize)
+      bx, by = binned(r.steps, r.scores, task_bins)
       (handles['run'],) = ax.plot(bx, by, color='tab:blue', lw=0.8, alpha=0.45,
                                   marker='.' if len(bx) < 8 else None,
                                   label='ours, per run')
-    mx, my = mean_curve(runs, binsize)
+    mx, my = mean_curve(runs, task_bins)
     (handles['ours'],) = ax.plot(mx, my, color='tab:blue', lw=2.2,
                                  marker='o' if len(mx) < 8 else None, ms=4,
                                  label='ours, mean')
     ax.set_title(f'{task}  ({len(runs)} run{"s" if len(runs) > 1 else ""})', fontsize=10)
     ax.set_xlim(0, right)
-    lo = min(0.0, min(float(r.scores.min()) for r in runs))
-    hi = max(1000.0, max(float(r.scores.max()) for r in runs))
-    ax.set_ylim(lo - 0.03 * (hi - lo), hi + 0.03 * (hi - lo))
+    ax.set_ylim(*ylim)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _kstep(x)))
     ax.grid(alpha=0.3, lw=0.5)
     ax.tick_params(labelsize=8)
