@@ -83,21 +83,26 @@ def test_rgb_array_frames_for_watch():
   env.close()
 
 
-def test_gymnasium_task_trains_in_one_process(tmp_path):
-  """A real gymnasium task through run_dmc.py: updates, finite losses, an
-  evaluation, flags.txt naming the suite."""
-  logdir = tmp_path / 'run'
+def _train_cartpole(logdir, *extra, timeout=420):
+  """run_dmc.py on gymnasium's CartPole-v1, tiny model, 300 env steps."""
   out = subprocess.run(
       [sys.executable, os.path.join(REPO, 'experiments', 'run_dmc.py'),
        '--suite=gymnasium', '--task=CartPole-v1', '--size=tiny',
        '--batch_size=4', '--batch_length=8', '--replay_capacity=100000',
        '--train_ratio=16', '--action_repeat=1', '--num_envs=2',
-       '--env_steps=300', '--eval_every=0', '--eval_episodes=2',
-       '--eval_policy=mode', '--log_every=100', '--noreport',
-       '--jax_cache_dir=off', f'--logdir={logdir}'],
-      cwd=REPO, capture_output=True, text=True, timeout=420,
+       '--env_steps=300', '--eval_every=0', '--log_every=100', '--noreport',
+       f'--logdir={logdir}', *extra],
+      cwd=REPO, capture_output=True, text=True, timeout=timeout,
       env={**os.environ, 'PYTHONUNBUFFERED': '1'})
-  assert out.returncode == 0, out.stderr[-4000:]
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_gymnasium_task_trains_in_one_process(tmp_path):
+  """A real gymnasium task through run_dmc.py: updates, finite losses, an
+  evaluation, flags.txt naming the suite."""
+  logdir = tmp_path / 'run'
+  _train_cartpole(logdir, '--eval_episodes=2', '--eval_policy=mode',
+                  '--jax_cache_dir=off')
   assert '--suite=gymnasium' in (logdir / 'flags.txt').read_text()
   rows = [json.loads(line) for line in open(logdir / 'metrics.jsonl')]
   train = [r for r in rows if r['kind'] == 'train']
@@ -111,18 +116,8 @@ def test_gymnasium_task_trains_in_one_process(tmp_path):
 def test_gymnasium_task_trains_in_the_launchpad_layout(tmp_path):
   """The same task with --distributed (2 actor processes)."""
   logdir = tmp_path / 'mp'
-  out = subprocess.run(
-      [sys.executable, os.path.join(REPO, 'experiments', 'run_dmc.py'),
-       '--distributed', '--num_actors=2', '--stop_grace=20',
-       '--suite=gymnasium', '--task=CartPole-v1', '--size=tiny',
-       '--batch_size=4', '--batch_length=8', '--replay_capacity=100000',
-       '--train_ratio=16', '--action_repeat=1', '--num_envs=2',
-       '--env_steps=300', '--eval_every=0', '--eval_episodes=1',
-       '--log_every=100', '--noreport', '--progress_every=5',
-       f'--logdir={logdir}'],
-      cwd=REPO, capture_output=True, text=True, timeout=600,
-      env={**os.environ, 'PYTHONUNBUFFERED': '1'})
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+  _train_cartpole(logdir, '--distributed', '--num_actors=2', '--stop_grace=20',
+                  '--eval_episodes=1', '--progress_every=5', timeout=600)
   rows = [json.loads(line) for line in open(logdir / 'metrics.jsonl')]
   train = [r for r in rows if r['kind'] == 'train']
   assert train and train[-1]['updates'] > 0

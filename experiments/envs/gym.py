@@ -18,6 +18,7 @@ import numpy as np
 
 import agent  # noqa: F401  (jax compat before acme)
 from acme.wrappers import gym_wrapper
+from experiments.envs.protocol import gym_step_timestep
 
 
 class GymWrapper(gym_wrapper.GymWrapper):
@@ -45,11 +46,7 @@ class GymWrapper(gym_wrapper.GymWrapper):
     self._reset_next_step = terminated or truncated
     self._last_info = info
     reward = np.asarray(reward, self.reward_spec().dtype)
-    if terminated:
-      return dm_env.termination(reward, observation)
-    if truncated:
-      return dm_env.truncation(reward, observation)
-    return dm_env.transition(reward, observation)
+    return gym_step_timestep(reward, observation, terminated, truncated)
 
   def render(self):
     return self._environment.render()

@@ -25,6 +25,8 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
+from experiments.envs.protocol import gym_step_timestep
+
 
 def _import():
   import gymnasium  # lazy: only runs of --suite=gymnasium need it
@@ -108,12 +110,7 @@ class GymnasiumEnv(dm_env.Environment):
       action = int(action)
     obs, reward, terminated, truncated, _ = self._env.step(action)
     self._reset_next_step = bool(terminated or truncated)
-    reward = np.float32(reward)
-    if terminated:
-      return dm_env.termination(reward, obs)
-    if truncated:
-      return dm_env.truncation(reward, obs)
-    return dm_env.transition(reward, obs)
+    return gym_step_timestep(np.float32(reward), obs, terminated, truncated)
 
   def observation_spec(self):
     return self._obs_spec

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+import dm_env as dm_env_lib
 import numpy as np
 from dm_env import specs
 
@@ -44,6 +45,18 @@ from agent.types import EnvSpaces
 
 RESERVED_KEYS = ('reward', 'is_first', 'is_last', 'is_terminal')
 SINGLE_OBS_KEY = 'vector'
+
+
+def gym_step_timestep(reward, observation, terminated: bool,
+                      truncated: bool) -> dm_env_lib.TimeStep:
+  """The ``dm_env.TimeStep`` of a gym-API step (gym 0.26, gymnasium 1.x),
+  spec 7.2: ``terminated`` is a termination (discount 0: is_terminal),
+  ``truncated`` alone a truncation (discount 1: is_last only)."""
+  if terminated:
+    return dm_env_lib.termination(reward, observation)
+  if truncated:
+    return dm_env_lib.truncation(reward, observation)
+  return dm_env_lib.transition(reward, observation)
 
 
 class ObservationError(ValueError):

@@ -294,24 +294,13 @@ class Trainer:
     self._row_lengths.append(ep.length)
 
   def _tally(self) -> metrics.Tally:
-    t, it = self.learner.timings, self.dataset
-    info = self.client.server_info()
-    limiter = info['uniform'].rate_limiter_info
-    return metrics.Tally(
-        t=time.perf_counter(), env_steps=self.env_steps,
-        agent_steps=self.agent_steps, updates=self.updates,
-        episodes=self.episodes, uniform_rows=it.sampler.num_uniform_rows,
-        online_rows=it.sampler.num_online_rows,
-        inserts=int(limiter.insert_stats.completed),
-        samples=int(limiter.sample_stats.completed),
-        uniform_size=int(info['uniform'].current_size),
-        online_size=int(info['online'].current_size),
-        latent_entries=len(it.latent_store), idle_s=it.idle_s,
-        sample_thread_s=it.sample_s,
+    return metrics.learner_tally(
+        env_steps=self.env_steps, agent_steps=self.agent_steps,
+        updates=self.updates, episodes=self.episodes,
+        server_info=self.client.server_info(), dataset=self.dataset,
+        learner_timings=self.learner.timings,
         parts={'env': self.env.step_s, 'policy': self.actor.timings['policy_s'],
                'replay_add': self.actor.timings['add_s'],
-               'learner_sample': t['sample_s'], 'learner_update': t['update_s'],
-               'learner_write_back': t['write_back_s'],
                'eval': self._t_eval, 'checkpoint': self._t_ckpt})
 
   def _write_row(self) -> None:

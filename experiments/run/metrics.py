@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
@@ -124,6 +125,31 @@ class Tally:
   idle_s: float
   sample_thread_s: float
   parts: Dict[str, float]
+
+
+def learner_tally(*, env_steps: int, agent_steps: int, updates: int,
+                  episodes: int, server_info, dataset, learner_timings,
+                  parts: Optional[Mapping[str, float]] = None) -> Tally:
+  """A ``Tally`` of the learner's side, in either layout: the uniform table's
+  limiter counts and both tables' sizes from Reverb's ``server_info``, the
+  dataset's rows, latents and waits, the learner's timings, plus the
+  caller's counts and its own loop ``parts``."""
+  limiter = server_info['uniform'].rate_limiter_info
+  t = learner_timings
+  return Tally(
+      t=time.perf_counter(), env_steps=int(env_steps),
+      agent_steps=int(agent_steps), updates=int(updates),
+      episodes=int(episodes), uniform_rows=dataset.sampler.num_uniform_rows,
+      online_rows=dataset.sampler.num_online_rows,
+      inserts=int(limiter.insert_stats.completed),
+      samples=int(limiter.sample_stats.completed),
+      uniform_size=int(server_info['uniform'].current_size),
+      online_size=int(server_info['online'].current_size),
+      latent_entries=len(dataset.latent_store), idle_s=dataset.idle_s,
+      sample_thread_s=dataset.sample_s,
+      parts={**dict(parts or {}), 'learner_sample': t['sample_s'],
+             'learner_update': t['update_s'],
+             'learner_write_back': t['write_back_s']})
 
 
 def _rate(num: float, den: float) -> Optional[float]:

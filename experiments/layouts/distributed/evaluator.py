@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent.learner import StopRequested
-from experiments.layouts.distributed.node_utils import lp_hooks, record_error
+from experiments.layouts.distributed.node_utils import lp_hooks, run_guarded
 from experiments.layouts.distributed.spec import ProgramSpec
 from experiments.run import metrics
 from experiments.run.config import next_multiple
@@ -59,15 +59,8 @@ class EvaluatorNode:
 
   def run(self) -> None:
     try:
-      self._loop()
-    except StopRequested:
-      pass
-    except Exception:  # noqa: BLE001
-      if not self._stop_event.is_set():
-        record_error(self._spec, 'evaluator')
-        self._final_done.set()
-        self._stopper()
-        raise
+      run_guarded(self._spec, 'evaluator', self._loop,
+                  on_failure=self._final_done.set)
     finally:
       if self._logger is not None:
         self._logger.close()

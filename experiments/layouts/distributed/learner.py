@@ -193,23 +193,12 @@ class LearnerNode:
 
   # -- metrics -----------------------------------------------------------------------
   def _tally(self) -> metrics.Tally:
-    info = self._replay.server_info()
-    limiter = info['uniform'].rate_limiter_info
-    t, it, c = self._learner.timings, self._dataset, self._counts
-    return metrics.Tally(
-        t=time.perf_counter(), env_steps=int(c.get('env_steps', 0)),
-        agent_steps=int(c.get('actor_steps', 0)), updates=self.num_updates,
-        episodes=int(c.get('episodes', 0)),
-        uniform_rows=it.sampler.num_uniform_rows,
-        online_rows=it.sampler.num_online_rows,
-        inserts=int(limiter.insert_stats.completed),
-        samples=int(limiter.sample_stats.completed),
-        uniform_size=int(info['uniform'].current_size),
-        online_size=int(info['online'].current_size),
-        latent_entries=len(it.latent_store), idle_s=it.idle_s,
-        sample_thread_s=it.sample_s,
-        parts={'learner_sample': t['sample_s'], 'learner_update': t['update_s'],
-               'learner_write_back': t['write_back_s']})
+    c = self._counts
+    return metrics.learner_tally(
+        env_steps=c.get('env_steps', 0), agent_steps=c.get('actor_steps', 0),
+        updates=self.num_updates, episodes=c.get('episodes', 0),
+        server_info=self._replay.server_info(), dataset=self._dataset,
+        learner_timings=self._learner.timings)
 
   def _actor_row(self) -> Dict[str, Any]:
     """Mean env / policy / add fractions of the actors' wall time since the

@@ -56,6 +56,25 @@ def record_error(spec: ProgramSpec, node: str) -> None:
     pass
 
 
+def run_guarded(spec: ProgramSpec, node: str, body: Callable[[], Any],
+                on_failure: Callable[[], Any] = lambda: None) -> None:
+  """Runs a node's ``body``: a stop (``StopRequested``) ends it quietly; a
+  failure while the program is not stopping is recorded
+  (``record_error``), ``on_failure()`` runs, the program is stopped and the
+  error re-raised (the launcher then reports the node)."""
+  stop_event, stopper = lp_hooks()
+  try:
+    body()
+  except StopRequested:
+    pass
+  except Exception:  # noqa: BLE001  (re-raised)
+    if not stop_event.is_set():
+      record_error(spec, node)
+      on_failure()
+      stopper()
+      raise
+
+
 def call_until(fn: Callable[[], Any], stop: Callable[[], bool],
                 poll: float = 0.2):
   """Runs a (blocking RPC) ``fn`` in a thread; returns its result, or raises

@@ -59,13 +59,12 @@ from typing import Any, Dict, Optional, Sequence
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from acme.utils import counting
-from agent.learner import StopRequested
 from experiments.layouts.distributed import lp_init
 from experiments.layouts.distributed.actor import ActorNode
 from experiments.layouts.distributed.evaluator import EvaluatorNode
 from experiments.layouts.distributed.learner import LearnerNode
 from experiments.layouts.distributed.node_utils import (
-    call_until, lp_hooks, record_error)
+    call_until, lp_hooks, run_guarded)
 from experiments.layouts.distributed.spec import SUMMARY_FILE, ProgramSpec
 from experiments.run import rundir
 from experiments.run.config import log
@@ -126,15 +125,7 @@ class StepLimiter:
     self._stop_event, self._stopper = lp_hooks()
 
   def run(self) -> None:
-    try:
-      self._run()
-    except StopRequested:
-      pass
-    except Exception:  # noqa: BLE001
-      if not self._stop_event.is_set():
-        record_error(self._spec, 'limiter')
-        self._stopper()
-        raise
+    run_guarded(self._spec, 'limiter', self._run)
 
   def _run(self) -> None:
     spec, stop = self._spec, self._stop_event
