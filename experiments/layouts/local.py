@@ -345,6 +345,7 @@ class Trainer:
     """Atomic checkpoint (experiments.run.rundir); returns the ckpt-* path."""
     t0 = time.perf_counter()
     self.adder.flush()
+    rundir.keep_reverb_checkpoint(self.logdir)   # Reverb drops its last one
     reverb_path = self.client.checkpoint()       # new Reverb dir, DONE last
     run = self.run_config
     final = rundir.write_checkpoint(

@@ -15,11 +15,15 @@ One module owns what both layouts write and read (docs/metrics.md):
   report.png         experiments/tools/report.py output at the end of the run
 
 Checkpoints are atomic (``write_checkpoint``): everything goes into
-``checkpoints/.tmp-*`` which is renamed to ``ckpt-*``; a Reverb checkpoint is
-only deleted once a newer ``ckpt-*`` references another one, and before the
-server starts every Reverb checkpoint not referenced by the newest ``ckpt-*``
-is deleted (``clean_checkpoints``), so a kill mid-save falls back to the
-previous checkpoint and replay data is never held twice.
+``checkpoints/.tmp-*`` which is renamed to ``ckpt-*``. Reverb's server deletes
+its previous checkpoint as soon as it writes a new one, so right before each
+Reverb checkpoint the one the newest ``ckpt-*`` references is hard-linked into
+``checkpoints/reverb-kept/`` (``keep_reverb_checkpoint``; no data is copied)
+and is dropped only once a newer ``ckpt-*`` exists. Before the server starts,
+``clean_checkpoints`` puts a kept copy back if the newest ``ckpt-*`` needs it
+and deletes every Reverb checkpoint that ``ckpt-*`` does not reference, so a
+save that fails or is killed anywhere falls back to the previous checkpoint,
+and replay data is never held twice.
 
 Resume (``validate``, then ``load_resume_state``): a start whose logdir holds a complete checkpoint
 continues from it. Everything is validated before anything is written: the
@@ -35,6 +39,7 @@ The run state (``run_state.json``) has one schema in both layouts
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -76,8 +81,32 @@ def read_json(path: str) -> Any:
     return json.load(f)
 
 
+# Test-only fault injection (issue 22): with DREAMER_INJECT_WRITE_FAULT=ENOSPC@3
+# (or EIO@1, ...) the 3rd and later ``atomic_write`` calls of this process
+# fail with that errno, as a full or failing disk would.
+FAULT_ENV = 'DREAMER_INJECT_WRITE_FAULT'
+_WRITES = [0]
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written; the previous complete one is kept."""
+
+
+def _injected_fault(path: str) -> None:
+  spec = os.environ.get(FAULT_ENV)
+  if not spec:
+    return
+  name, _, at = spec.partition('@')
+  _WRITES[0] += 1
+  if _WRITES[0] >= int(at or 1):
+    code = getattr(errno, name)
+    raise OSError(code, f'{os.strerror(code)} (injected by {FAULT_ENV})', path)
+
+
 def atomic_write(path: str, data) -> None:
+  """The run directory's file writer (a fsynced temp file, then a rename)."""
   from reverb_tables.checkpoint import atomic_write as write
+  _injected_fault(path)
   write(path, data)
 
 
@@ -186,6 +215,34 @@ def latest_run_checkpoint(logdir: str) -> Optional[str]:
   return paths[-1] if paths else None
 
 
+KEPT_DIR = 'reverb-kept'
+
+
+def keep_reverb_checkpoint(logdir: str) -> None:
+  """Hard-links the Reverb checkpoint the newest ckpt-* references into
+  ``checkpoints/reverb-kept/`` (call right before ``client.checkpoint()``).
+
+  Reverb's server keeps only its latest checkpoint: the new one replaces the
+  old on disk before our ``ckpt-*`` that references the new one exists. A
+  save that then fails (a full disk) or is killed would leave the previous
+  ``ckpt-*`` without its replay; the hard links keep those files (found and
+  fixed by tests/test_faults.py)."""
+  latest = latest_run_checkpoint(logdir)
+  if latest is None:
+    return
+  name = read_json(os.path.join(latest, REPLAY_STATE_FILE))['reverb_checkpoint']
+  src = os.path.join(reverb_dir(logdir), name or '')
+  kept_root = os.path.join(checkpoint_root(logdir), KEPT_DIR)
+  dst = os.path.join(kept_root, name or '')
+  if not name or os.path.isdir(dst) or not os.path.isfile(
+      os.path.join(src, 'DONE')):
+    return
+  shutil.rmtree(kept_root, ignore_errors=True)
+  os.makedirs(kept_root)
+  shutil.copytree(src, dst + TMP_PREFIX, copy_function=os.link)
+  os.rename(dst + TMP_PREFIX, dst)
+
+
 def clean_checkpoints(logdir: str) -> Optional[str]:
   """Makes the checkpoint folder consistent before the Reverb server starts.
 
@@ -204,13 +261,19 @@ def clean_checkpoints(logdir: str) -> Optional[str]:
     keep_reverb = read_json(os.path.join(latest, REPLAY_STATE_FILE))[
         'reverb_checkpoint']
     ref = os.path.join(root, REVERB_DIR, keep_reverb or '')
+    kept = os.path.join(root, KEPT_DIR, keep_reverb or '')
+    if (keep_reverb and not os.path.isfile(os.path.join(ref, 'DONE'))
+        and os.path.isfile(os.path.join(kept, 'DONE'))):
+      shutil.rmtree(ref, ignore_errors=True)       # Reverb deleted it: restore
+      os.makedirs(os.path.dirname(ref), exist_ok=True)
+      os.rename(kept, ref)
     if not keep_reverb or not os.path.isfile(os.path.join(ref, 'DONE')):
       raise ValueError(
           f'checkpoint {latest} references Reverb checkpoint {ref}, which is '
           'missing or incomplete; the run directory is corrupted')
   for name in os.listdir(root):
     path = os.path.join(root, name)
-    if name.startswith(TMP_PREFIX) or (
+    if name.startswith(TMP_PREFIX) or name == KEPT_DIR or (
         name.startswith(CKPT_PREFIX) and path != latest):
       shutil.rmtree(path, ignore_errors=True)
   reverb_root = os.path.join(root, REVERB_DIR)
@@ -236,13 +299,38 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
   (the adder counters = step ids), saved with the schedule and the latent
   store by ``reverb_tables.checkpoint.save_replay_state``. ``run_state`` is
   ``make_run_state``'s; it gets 'files' (log sizes) and 'time' added.
+  A write that fails (a full or failing disk) removes the unfinished save and
+  raises ``CheckpointError`` naming the error and the checkpoint that is
+  kept; the run stops there (both layouts).
   """
   assert run_state.get('schema') == RUN_STATE_SCHEMA, 'use make_run_state'
   assert run_state['mode'] == mode, (run_state['mode'], mode)
-  from reverb_tables import checkpoint as rckpt
   root = checkpoint_root(logdir)
   os.makedirs(root, exist_ok=True)
+  final = os.path.join(root, f'{CKPT_PREFIX}{int(agent_steps):012d}')
   tmp = os.path.join(root, f'{TMP_PREFIX}{os.getpid()}-{time.time_ns()}')
+  try:
+    _write_checkpoint_files(tmp, final, logdir, reverb_path, learner_state,
+                            config, spaces, run, mode, run_state, adder,
+                            schedule, latent_store)
+  except OSError as e:                 # ENOSPC, EIO, EROFS, ...
+    shutil.rmtree(tmp, ignore_errors=True)
+    kept = latest_run_checkpoint(logdir)
+    raise CheckpointError(
+        f'checkpoint {final} was not written: {e.strerror or e} '
+        f'[{errno.errorcode.get(e.errno, e.errno)}] at {e.filename}. The last '
+        f'complete checkpoint ({kept or "none"}) is kept; free space or fix '
+        'the disk, then rerun the same command to resume from it.') from e
+  _fsync_dir(root)
+  clean_checkpoints(logdir)            # older ckpt-* and unreferenced Reverb dirs
+  return final
+
+
+def _write_checkpoint_files(tmp, final, logdir, reverb_path, learner_state,
+                            config, spaces, run, mode, run_state, adder,
+                            schedule, latent_store) -> None:
+  """``write_checkpoint``'s files into ``tmp``, then the rename to ``final``."""
+  from reverb_tables import checkpoint as rckpt
   os.makedirs(tmp)
   rckpt.save_replay_state(tmp, reverb_path, adder=adder, schedule=schedule,
                           latent_store=latent_store)
@@ -260,13 +348,9 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
   atomic_write(os.path.join(tmp, RUN_STATE_FILE),
                json.dumps(state, indent=1, default=json_default))
   _fsync_dir(tmp)
-  final = os.path.join(root, f'{CKPT_PREFIX}{int(agent_steps):012d}')
   if os.path.exists(final):            # same step saved twice (e.g. at the end)
     shutil.rmtree(final)
   os.rename(tmp, final)
-  _fsync_dir(root)
-  clean_checkpoints(logdir)            # older ckpt-* and unreferenced Reverb dirs
-  return final
 
 
 def read_saved_config(ckpt: str):

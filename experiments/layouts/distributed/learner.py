@@ -255,6 +255,7 @@ class LearnerNode:
     spec, run = self._spec, self._spec.run
     t0 = time.perf_counter()
     try:
+      rundir.keep_reverb_checkpoint(run.logdir)  # Reverb drops its last one
       reverb_path = self._replay.checkpoint()
       actor_states = [a.get_state() for a in self._actors]   # after Reverb's
       if self._evaluator is not None:
