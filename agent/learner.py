@@ -321,9 +321,12 @@ class DreamerLearner(core.Learner):
         raise ValueError(f'unknown variable collection {name!r}; valid: '
                          f'{list(VARIABLE_NAMES)}')
       if name not in cached:
-        params = jax.tree_util.tree_map(jnp.copy, self._state.params)
+        params = self._state.params
         if name == 'policy':
-          params = self._placement.put_policy(acting.acting_params(params))
+          params = acting.acting_params(params)     # select, then copy
+        params = jax.tree_util.tree_map(jnp.copy, params)
+        if name == 'policy':
+          params = self._placement.put_policy(params)
         cached[name] = params
       out.append(cached[name])
     return out
