@@ -199,13 +199,7 @@ class VectorEnv(dm_env.Environment):
     for env in self.envs:
       env.close()
 
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
-  def __repr__(self):
+  def __repr__(self):       # (__enter__ / __exit__: dm_env.Environment's)
     return (f'VectorEnv({self.task!r}, num_envs={self.num_envs}, '
             f'action_repeat={self._repeat}, seed={self.seed!r})')
 
