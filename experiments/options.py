@@ -25,7 +25,7 @@ from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_confi
 from agent.parallel import check_batch_size
 from experiments.envs import suites
 from experiments.layouts.distributed.spec import DistributedConfig, check_actors
-from experiments.run.config import RunConfig
+from experiments.run.config import RunConfig, check_max_skipped
 
 # Flags that map onto DreamerConfig fields directly (flag name == field name).
 CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
@@ -37,7 +37,7 @@ FLAG_NAMES = (
     'progress_every',
     'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
     'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
-    'jax_cache_dir', 'learner_devices', 'policy_device')
+    'jax_cache_dir', 'learner_devices', 'policy_device', 'max_skipped_updates')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
@@ -114,6 +114,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'device_count=N makes N devices.', **F)
   flags.DEFINE_integer('policy_device', 0, 'Index of the device that serves '
                        'acting params (the official --jax.policy_devices).', **F)
+  flags.DEFINE_integer('max_skipped_updates', 100, 'Consecutive skipped '
+                       'updates (non-finite batch, loss or gradient) after '
+                       'which the run stops with a message naming the last '
+                       'good checkpoint (experiments/run/health.py); 0 = '
+                       'never.', **F)
   # The Launchpad layout (experiments/layouts/distributed/).
   flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
                     '(experiments/layouts/distributed/).', **F)
@@ -158,12 +163,22 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('learner_devices', lambda x: x is not None and x >= 1, 'must be >= 1')
   v('policy_device', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('max_skipped_updates', _max_skipped_ok, 'must be an integer >= 0 '
+    '(0 = never stop)')
   v('num_actors', lambda x: x is not None and 1 <= x <= 256, 'must be in [1, 256]')
   v('actor_update_period', lambda x: x is not None and x >= 1, 'must be >= 1')
   v('stop_grace', lambda x: x is not None and x > 0, 'must be > 0 seconds')
   v('config_overrides', _overrides_ok,
     'entries must be name=value with a DreamerConfig field name (not one that '
     'has its own flag) and a value of that field\'s type')
+
+
+def _max_skipped_ok(value) -> bool:
+  try:
+    check_max_skipped(value)
+  except ValueError:
+    return False
+  return True
 
 
 def _task_ok(values) -> bool:
@@ -285,7 +300,7 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
       chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
       report=fv.report, jax_cache_dir=jax_cache_dir(fv, logdir),
       learner_devices=fv.learner_devices, policy_device=fv.policy_device,
-      flags_text=text)
+      max_skipped_updates=fv.max_skipped_updates, flags_text=text)
   dist = None
   if fv.distributed:
     check_actors(run.num_envs, fv.num_actors)

@@ -42,7 +42,7 @@ from typing import Any, Dict, List
 
 import agent  # noqa: F401  (jax compat before acme)
 from agent.config import DreamerConfig
-from experiments.run import env_loop, metrics, rundir
+from experiments.run import env_loop, health, metrics, rundir
 from experiments.run.config import (
     RunConfig, enable_compilation_cache, log, next_multiple, segment_seed)
 from experiments.run.evaluator import Evaluator
@@ -118,8 +118,12 @@ class Trainer:
     # train_ratio bounds the learner here: after each added transition the
     # schedule's due updates run, each gated on the limiter (agent.local).
     rows = c.batch_size * (2 if run.prefetch else 1)
+    # Persistent skipped updates stop the run (issue 22, spec 4.9).
+    self.health = health.SkipGuard(run.max_skipped_updates, self.logdir,
+                                   on_stop=self._write_row)
     self.updates_runner = ScheduledUpdates(
-        self.learner, self.schedule, lambda: self.adder.num_items,
+        self.health.watch(self.learner), self.schedule,
+        lambda: self.adder.num_items,
         lambda n: tables_lib.can_sample(self.client, n), rows)
     self.actor = self.builder.make_actor(
         self.keys['actor'], self.builder.make_policy(self.networks), self.adder,
@@ -312,7 +316,8 @@ class Trainer:
         learner_metrics=self.learner.pop_metric_means(),
         extra={'replay/items': self.adder.num_items,
                'replay/online_items': self.adder.num_online_items,
-               'replay/owed_updates': self.agent.owed_updates})
+               'replay/owed_updates': self.agent.owed_updates,
+               **self.health.row()})
     self.logger.write(row)
     self._last_row_step = self.env_steps
     self._row_scores, self._row_lengths = [], []

@@ -7,7 +7,9 @@
                 scores.jsonl, the progress line
   env_loop.py   acme's EnvironmentLoop over a VectorEnv, episode observer
   evaluator.py  spec 7.3 evaluation
+  health.py     the persistent-skip rule (stops a diverged run, issue 22)
 
-Imports point one way: config <- rundir <- metrics <- env_loop <- evaluator;
+Imports point one way: config <- rundir <- metrics <- env_loop <- evaluator,
+rundir <- health;
 this package imports experiments.envs and agent, never the layouts.
 """

@@ -42,6 +42,16 @@ def next_multiple(x: int, every: int) -> int:
   return (int(x) // int(every) + 1) * int(every)
 
 
+def check_max_skipped(value) -> int:
+  """``--max_skipped_updates`` (``experiments.run.health``) as an int;
+  ValueError naming the flag unless it is an integer >= 0 (0 = never stop)."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError('--max_skipped_updates must be an integer >= 0 '
+                     '(consecutive skipped updates before the run stops; '
+                     f'0 = never), got {value!r}')
+  return value
+
+
 @dataclasses.dataclass
 class RunConfig:
   """Loop settings of either layout (the DreamerConfig holds the agent's).
@@ -59,6 +69,8 @@ class RunConfig:
   over the first ``learner_devices`` devices; acting params are served from
   device ``policy_device`` (``agent.parallel``). Not resume-fixed: a run
   checkpointed with N devices resumes with M.
+  max_skipped_updates: consecutive skipped (non-finite) updates after which
+  the run stops (``experiments.run.health.SkipGuard``, issue 22); 0 never.
   """
   task: str
   logdir: str
@@ -80,6 +92,7 @@ class RunConfig:
   jax_cache_dir: Optional[str] = None     # XLA compilation cache; None = off
   learner_devices: int = 1                # data-parallel update (agent.parallel)
   policy_device: int = 0                  # device serving acting params
+  max_skipped_updates: int = 100          # experiments.run.health; 0 = never stop
   flags_text: str = ''
   verbose: bool = True
   # suite 'custom': seed -> dm_env.Environment (not saved; give it again to
@@ -95,6 +108,7 @@ class RunConfig:
     if self.suite == 'custom' and self.env_factory is None:
       raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
     suites.check_task(self.suite, self.task, self.time_limit)
+    check_max_skipped(self.max_skipped_updates)
     if self.eval_policy not in ('sample', 'mode'):
       raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "
                        f'{self.eval_policy!r}')

@@ -288,6 +288,33 @@ def clean_checkpoints(logdir: str) -> Optional[str]:
   return latest
 
 
+def check_finite_state(learner_state, final: str, logdir: str) -> None:
+  """``CheckpointError`` unless every float leaf of ``learner_state`` (the
+  ``TrainingState``: params, slow critic, optimizer, return normaliser) is
+  finite, naming the first bad leaf and the checkpoint that is kept.
+
+  The guard of issue 22 part 3: a checkpoint never holds non-finite params,
+  so the last checkpoint of a run whose updates diverged is one to resume
+  from (``experiments.run.health``; the update itself skips non-finite
+  steps, Algorithm J, but a finite step can still overflow the params).
+  """
+  import jax
+  leaves = jax.tree_util.tree_flatten_with_path(learner_state)[0]
+  for path, leaf in leaves:
+    x = np.asarray(leaf)
+    if not np.issubdtype(x.dtype, np.floating) or np.isfinite(x).all():
+      continue
+    name = jax.tree_util.keystr(path)
+    bad = int(np.size(x) - np.isfinite(x).sum())
+    kept = latest_run_checkpoint(logdir)
+    raise CheckpointError(
+        f'checkpoint {final} was not written: the learner state holds '
+        f'non-finite values ({bad} of {np.size(x)} in {name}), so training '
+        f'has diverged. The last complete checkpoint ({kept or "none"}) is '
+        'kept; fix the cause (e.g. a smaller --config_overrides=lr=...) '
+        'before resuming from it.')
+
+
 def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
                      learner_state, config, spaces, run: RunConfig, mode: str,
                      run_state: Mapping[str, Any], adder=None, schedule=None,
@@ -301,13 +328,15 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
   ``make_run_state``'s; it gets 'files' (log sizes) and 'time' added.
   A write that fails (a full or failing disk) removes the unfinished save and
   raises ``CheckpointError`` naming the error and the checkpoint that is
-  kept; the run stops there (both layouts).
+  kept; the run stops there (both layouts). So does a learner state with a
+  non-finite value (``check_finite_state``), before anything is written.
   """
   assert run_state.get('schema') == RUN_STATE_SCHEMA, 'use make_run_state'
   assert run_state['mode'] == mode, (run_state['mode'], mode)
   root = checkpoint_root(logdir)
-  os.makedirs(root, exist_ok=True)
   final = os.path.join(root, f'{CKPT_PREFIX}{int(agent_steps):012d}')
+  check_finite_state(learner_state, final, logdir)
+  os.makedirs(root, exist_ok=True)
   tmp = os.path.join(root, f'{TMP_PREFIX}{os.getpid()}-{time.time_ns()}')
   try:
     _write_checkpoint_files(tmp, final, logdir, reverb_path, learner_state,

@@ -19,7 +19,7 @@ from experiments.layouts.distributed.node_utils import (
     SyncedCounter, lp_hooks, record_error, touch, wait_for_replay)
 from experiments.layouts.distributed.spec import (
     MODE, STEP_ID_MARGIN, ProgramSpec)
-from experiments.run import metrics, rundir
+from experiments.run import health, metrics, rundir
 from experiments.run.config import log, next_multiple
 
 
@@ -78,6 +78,9 @@ class LearnerNode:
       log(f'[learner] resumed from {spec.resume}: {self._base_updates} '
                  f'updates, {len(self._dataset.latent_store)} stored latents')
     self._publish()
+    # Persistent skipped updates stop the run (issue 22, spec 4.9).
+    self._health = health.SkipGuard(
+        spec.run.max_skipped_updates, spec.run.logdir, on_stop=self._write_row)
     self._summary: Optional[Dict[str, Any]] = None
     self._last_ckpt: Optional[str] = None
     self._last_row: Dict[str, Any] = {}
@@ -136,7 +139,7 @@ class LearnerNode:
         # the dataset, whose Reverb sample blocks while the uniform table's
         # SampleToInsertRatio limiter (builder.make_replay_tables, 'ratio')
         # says the actors have not inserted enough for train_ratio.
-        self._learner.step()
+        self._health.observe(self._learner.step())
       except StopRequested:
         break
       self._publish()
@@ -243,7 +246,8 @@ class LearnerNode:
         segment=self._spec.segment,
         wall_time=self._wall0 + time.perf_counter() - self._t_start,
         learner_metrics=self._learner.pop_metric_means(),
-        extra={'num_actors': self._spec.dist.num_actors, **actors})
+        extra={**self._health.row(),
+               'num_actors': self._spec.dist.num_actors, **actors})
     self._run_logger().write(row)
     self._last_row = {k: v for k, v in row.items() if not k.startswith('train/')}
     self._last_row_step = now.env_steps
