@@ -39,7 +39,7 @@ FLAG_NAMES = (
     'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
     'jax_cache_dir', 'learner_devices', 'policy_device', 'max_skipped_updates')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
-                   'lp_terminal', 'stop_grace')
+                   'lp_terminal', 'stop_grace', 'max_restarts')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
@@ -133,6 +133,12 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                     'terminal).', **F)
   flags.DEFINE_float('stop_grace', 60.0, '--distributed: seconds nodes wait for '
                      "the learner's final checkpoint after a stop signal.", **F)
+  flags.DEFINE_integer('max_restarts', 3, '--distributed: a dead actor or '
+                       'evaluator node is restarted in place up to this many '
+                       'times (each node; needs --lp_terminal=output_to_files); '
+                       'any other dead node restarts the program from its last '
+                       'checkpoint up to this many times; 0 stops at the first '
+                       'dead node.', **F)
 
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
@@ -168,6 +174,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('num_actors', lambda x: x is not None and 1 <= x <= 256, 'must be in [1, 256]')
   v('actor_update_period', lambda x: x is not None and x >= 1, 'must be >= 1')
   v('stop_grace', lambda x: x is not None and x > 0, 'must be > 0 seconds')
+  v('max_restarts', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('config_overrides', _overrides_ok,
     'entries must be name=value with a DreamerConfig field name (not one that '
     'has its own flag) and a value of that field\'s type')
@@ -306,5 +313,6 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
     check_actors(run.num_envs, fv.num_actors)
     dist = DistributedConfig(
         num_actors=fv.num_actors, update_period=fv.actor_update_period,
-        terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace)
+        terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace,
+        max_restarts=fv.max_restarts)
   return run, config, dist

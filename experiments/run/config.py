@@ -20,14 +20,19 @@ from experiments.envs import suites
 from experiments.envs.vector import VectorEnv
 
 # Segment r of a run seeds its training envs from seed + SEGMENT_SEED_STRIDE*r;
-# its eval envs add EVAL_SEED_OFFSET.
+# its eval envs add EVAL_SEED_OFFSET; the k-th in-place restart of a
+# Launchpad actor or evaluator node adds RESTART_SEED_STRIDE*k (issue 22).
 SEGMENT_SEED_STRIDE = 7919
 EVAL_SEED_OFFSET = 1_000_003
+RESTART_SEED_STRIDE = 104_729
 
 
-def segment_seed(seed: int, segment: int, evaluation: bool = False) -> int:
-  """Base seed of segment ``segment``'s training (or eval) envs."""
+def segment_seed(seed: int, segment: int, evaluation: bool = False,
+                 restart: int = 0) -> int:
+  """Base seed of segment ``segment``'s training (or eval) envs; ``restart``
+  > 0 for a node restarted in place (its envs never repeat a stream)."""
   return (int(seed) + SEGMENT_SEED_STRIDE * int(segment) +
+          RESTART_SEED_STRIDE * int(restart) +
           (EVAL_SEED_OFFSET if evaluation else 0))
 
 

@@ -31,10 +31,11 @@ class Evaluator:
   """
 
   def __init__(self, run: RunConfig, builder, segment: int, variable_source,
-               key, logger: Callable[[], Any]):
+               key, logger: Callable[[], Any], restart: int = 0):
     self._run, self._builder = run, builder
     self._config = builder.config
     self._segment, self._source = segment, variable_source
+    self._restart = restart
     self._key, self._logger = key, logger
     self.env = self.actor = None
     self.eval_runs, self.last_eval_step, self._calls = 0, None, 0
@@ -55,7 +56,8 @@ class Evaluator:
     t0 = time.perf_counter()
     if self.env is None:
       self.env = run.make_env(run.eval_episodes, segment_seed(
-          self._config.seed, self._segment, evaluation=True))
+          self._config.seed, self._segment, evaluation=True,
+          restart=self._restart))
       self.actor = builder.make_actor(
           self._key, builder.make_policy(builder.make_networks(),
                                          evaluation=True),

@@ -6,9 +6,11 @@
   actor.py       ActorNode: acme's EnvironmentLoop with the builder's actor
   evaluator.py   EvaluatorNode: spec 7.3 evaluations
   program.py     replay, counter and step-limiter nodes; build_program
-  launch.py      validate, launch, wait, summarise
+  launch.py      validate, launch, wait, restart the program, summarise
+  supervisor.py  Launchpad's worker manager restarting dead actors/evaluators
   lp_init.py     per-process set-up of every node
 
 Imports point one way: spec <- node_utils <- learner, actor, evaluator <-
-program <- launch (program.py's docstring has the whole picture).
+program <- supervisor <- launch (program.py's docstring has the whole
+picture).
 """

@@ -7,7 +7,6 @@ actor from ``builder.make_actor`` over its slice of the env workers.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import traceback
@@ -16,9 +15,9 @@ from typing import Any, Dict, List, Optional
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent.learner import StopRequested
 from experiments.layouts.distributed.node_utils import (
-    SyncedCounter, call_until, in_launchpad, lp_hooks, record_error,
+    SyncedCounter, call_until, exit_now, in_launchpad, lp_hooks, record_error,
     wait_for_replay)
-from experiments.layouts.distributed.spec import ProgramSpec
+from experiments.layouts.distributed.spec import ProgramSpec, node_restart
 from experiments.run import env_loop, rundir
 from experiments.run.config import log, segment_seed
 
@@ -49,8 +48,13 @@ class ActorNode:
     self._paused = threading.Event()
     self._error: Optional[BaseException] = None
     self._learner = learner
-    self.env = run.make_env(self._n, segment_seed(c.seed, spec.segment),
-                            self._offset)
+    # k > 0: restarted in place by the supervisor after the node died (issue
+    # 22): new env seeds, a new policy stream and step ids past any the
+    # dead process can have used.
+    self._restart = node_restart()
+    self.env = run.make_env(
+        self._n, segment_seed(c.seed, spec.segment, restart=self._restart),
+        self._offset)
     builder = spec.builder(device_prefetch=False)
     wait_for_replay(replay, self._stop_event.is_set)
     self.adder = builder.make_adder(replay, num_workers=self._n,
@@ -64,9 +68,19 @@ class ActorNode:
           'lengths': saved['lengths'][self._offset:self._offset + self._n],
           'num_items': mine['num_items'],
           'num_online_items': mine['num_online_items']})
-    # Policy stream of (seed, actor, segment): resumed segments never repeat it.
+    if self._restart:
+      state = self.adder.get_state()
+      jump = self._restart * spec.restart_index_jump
+      self.adder.set_state({**state, 'lengths': [
+          x + jump for x in state['lengths']]})
+      log(f'[{self._name}] restart {self._restart} in place: env seeds of '
+          f'restart {self._restart}, step ids from +{jump}')
+    # Policy stream of (seed, actor, segment, restart): resumed segments and
+    # restarted nodes never repeat it.
     key = jax.random.fold_in(jax.random.fold_in(
         seed_keys(c.seed)['actor'], self._id), spec.segment)
+    if self._restart:
+      key = jax.random.fold_in(key, self._restart)
     self.actor = builder.make_actor(
         key, builder.make_policy(builder.make_networks()), self.adder, learner,
         num_envs=self._n, update_period=spec.dist.update_period,
@@ -122,6 +136,10 @@ class ActorNode:
     failed = self._error is not None and not self._stop_event.is_set()
     if failed:
       record_error(self._spec, self._name)
+      if self._spec.dist.restarts_in_place:
+        # Nothing of an actor needs saving: exit now and let the supervisor
+        # restart this node (or stop the program once its restarts are used).
+        exit_now(1)
       self._stopper()
     # Serve get_state() until the learner's final checkpoint is written.
     self._spec.wait_for_learner()
@@ -131,9 +149,7 @@ class ActorNode:
       # Blocked in a Reverb insert that the stopped learner will never
       # unblock: nothing is left to save, so leave without waiting for it.
       log(f'[{self._name}] acting thread blocked in Reverb; exiting')
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(1 if failed else 0)
+      exit_now(1 if failed else 0)
     self.env.close()
     if failed:
       raise RuntimeError(f'{self._name} failed: {self._error!r}')

@@ -7,8 +7,9 @@ from typing import Any, Dict, Optional
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent.learner import StopRequested
-from experiments.layouts.distributed.node_utils import lp_hooks, run_guarded
-from experiments.layouts.distributed.spec import ProgramSpec
+from experiments.layouts.distributed.node_utils import (
+    call_until, lp_hooks, run_guarded)
+from experiments.layouts.distributed.spec import ProgramSpec, node_restart
 from experiments.run import metrics
 from experiments.run.config import next_multiple
 from experiments.run.evaluator import Evaluator
@@ -29,12 +30,21 @@ class EvaluatorNode:
     self._counter = counter
     builder = spec.builder(device_prefetch=False)
     self._logger = None
-    self.evaluator = Evaluator(
-        run, builder, spec.segment, learner,
-        jax.random.fold_in(seed_keys(spec.config.seed)['eval'], spec.segment),
-        self._get_logger)
+    # k > 0: restarted in place after the node died (issue 22): new eval env
+    # seeds and policy stream; the next evaluation is the next grid point
+    # after the counter's env steps now (the dead process may have done the
+    # ones since the checkpoint).
+    restart = node_restart()
+    key = jax.random.fold_in(seed_keys(spec.config.seed)['eval'], spec.segment)
+    if restart:
+      key = jax.random.fold_in(key, restart)
+    self.evaluator = Evaluator(run, builder, spec.segment, learner, key,
+                               self._get_logger, restart=restart)
     self.evaluator.set_state((spec.run_state or {}).get('evaluator') or {})
     env_steps = int(spec.counts.get('env_steps', 0))
+    if restart:
+      env_steps = int(call_until(counter.get_counts, self._stop_event.is_set)
+                      .get('env_steps', env_steps))
     self.next_eval = (next_multiple(env_steps, run.eval_every)
                       if run.eval_every else None)
     self._final_request: Optional[int] = None
@@ -60,7 +70,7 @@ class EvaluatorNode:
   def run(self) -> None:
     try:
       run_guarded(self._spec, 'evaluator', self._loop,
-                  on_failure=self._final_done.set)
+                  on_failure=self._final_done.set, restartable=True)
     finally:
       if self._logger is not None:
         self._logger.close()

@@ -15,6 +15,13 @@ Re-running with the same ``--logdir`` resumes from the last checkpoint.
 Ctrl-C (or SIGTERM) stops every node; the learner writes a checkpoint first
 (within ``--stop_grace`` seconds). A second Ctrl-C kills at once. The step
 budget stops the program by itself (final checkpoint, final evaluation).
+
+Dead nodes (issue 22, ``supervisor.py``): a dead actor or evaluator is
+restarted in place; when any other node dies, this launcher stops the
+program and starts it again from the last complete checkpoint (what
+re-running the command would do), each at most ``--max_restarts`` times.
+Every restart is one log line and one row of ``<logdir>/restarts.jsonl``
+(the learner's ``run/restarts`` metric).
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import time
 from typing import Any, Dict, Optional
 
 from experiments.layouts.distributed import lp_init
+from experiments.layouts.distributed.node_utils import touch
 from experiments.layouts.distributed.program import build_program, local_resources
 from experiments.layouts.distributed.spec import (
-    ERRORS_DIR, MODE, SUMMARY_FILE, DistributedConfig, ProgramSpec)
+    ERRORS_DIR, MODE, RESTARTABLE_GROUPS, SUMMARY_FILE, DistributedConfig,
+    ProgramSpec)
 from experiments.run import metrics, rundir
 from experiments.run.config import RunConfig, log, segment_seed
 
@@ -101,17 +110,54 @@ def launch(run: RunConfig, config, dist: DistributedConfig) -> Dict[str, Any]:
   return run_prepared(run, prepare(run, config, dist))
 
 
+class NodeFailed(RuntimeError):
+  """A node died and was not restarted in place; ``exit`` names it (None if
+  only its Python error is known). The message holds its errors / log tail."""
+
+  def __init__(self, message: str, exit_=None):
+    super().__init__(message)
+    self.exit = exit_
+
+
 def run_prepared(run: RunConfig, spec_or_done) -> Dict[str, Any]:
-  """Runs what ``prepare`` returned (a summary when already done)."""
-  if isinstance(spec_or_done, dict):
-    log(f'[run] {run.logdir} already reached {spec_or_done["env_steps"]} env '
-        'steps; nothing to train')
-    return spec_or_done
-  spec = spec_or_done
-  try:
-    return _launch(spec)
-  finally:
-    shutil.rmtree(spec.launch_dir, ignore_errors=True)
+  """Runs what ``prepare`` returned (a summary when already done). When a
+  node that is not restarted in place dies, starts the program again from
+  the last complete checkpoint, up to ``--max_restarts`` times (issue 22)."""
+  restarts = 0
+  while True:
+    if isinstance(spec_or_done, dict):
+      log(f'[run] {run.logdir} already reached {spec_or_done["env_steps"]} '
+          'env steps; nothing to train')
+      return spec_or_done
+    spec = spec_or_done
+    try:
+      return _launch(spec)
+    except NodeFailed as failure:
+      dist = spec.dist
+      in_place = (failure.exit is not None and
+                  failure.exit.group in RESTARTABLE_GROUPS)
+      if in_place or restarts >= dist.max_restarts:
+        why = ('its in-place restarts are used up' if in_place else
+               f'the program was restarted {restarts} times')
+        raise RuntimeError(
+            f'{failure}\n[run] stopped: {why} (--max_restarts '
+            f'{dist.max_restarts}); rerun the same command to resume from '
+            f'{rundir.latest_run_checkpoint(run.logdir) or "the start"}'
+        ) from None
+      restarts += 1
+      ckpt = rundir.latest_run_checkpoint(run.logdir)
+      record = {'kind': 'program', 'restart': restarts, 'checkpoint': ckpt,
+                'node': None, 'returncode': None}
+      if failure.exit is not None:
+        record = failure.exit.record(**record)
+      count = rundir.append_restart(run.logdir, record)
+      node = failure.exit.describe() if failure.exit else 'a node failed'
+      log(f'[run] restart {restarts}/{dist.max_restarts} of the program '
+          f'({node}); resuming from {ckpt or "the start"} '
+          f'(run/restarts {count})')
+    finally:
+      shutil.rmtree(spec.launch_dir, ignore_errors=True)
+    spec_or_done = prepare(run, spec.config, spec.dist)
 
 
 def _launch(spec) -> Dict[str, Any]:
@@ -119,6 +165,8 @@ def _launch(spec) -> Dict[str, Any]:
   import psutil
   from absl import flags
   from launchpad.launch.run_locally import launch_local_output_to_files
+
+  from experiments.layouts.distributed import supervisor
 
   run, dist = spec.run, spec.dist
   # Launchpad reads the launcher's termination notice from its global flag
@@ -129,6 +177,11 @@ def _launch(spec) -> Dict[str, Any]:
     fv.mark_as_parsed()
   fv.lp_termination_notice_secs = dist.termination_notice_s
   log_dir = os.path.join(run.logdir, 'lp_logs', f'segment-{spec.segment}')
+  attempt = 1
+  while os.path.exists(log_dir):   # a program restart before a checkpoint
+    attempt += 1
+    log_dir = os.path.join(run.logdir, 'lp_logs',
+                           f'segment-{spec.segment}-attempt-{attempt}')
   launch_local_output_to_files._LOGGING_DIR = log_dir  # noqa: SLF001
   program = build_program(spec)
   init_file = lp_init.write_init_file(spec.launch_dir)
@@ -139,8 +192,38 @@ def _launch(spec) -> Dict[str, Any]:
        + (f', node logs in {log_dir}' if dist.terminal == 'output_to_files'
           else ''))
   t0 = time.time()
-  manager = lp.launch(program, launch_type='local_mp', terminal=dist.terminal,
-                      local_resources=resources)
+
+  errors_dir = os.path.join(spec.launch_dir, ERRORS_DIR)
+
+  def on_restart(exit_, k):
+    # A node restarted in place is not a failure of the run: set its error
+    # record (if it wrote one) aside; its traceback stays in its log.
+    if os.path.isdir(errors_dir):
+      for name in os.listdir(errors_dir):
+        if name.startswith(exit_.group):
+          os.replace(os.path.join(errors_dir, name),
+                     os.path.join(spec.launch_dir, f'restarted-{name}-{k}'))
+    count = rundir.append_restart(run.logdir, exit_.record(
+        kind='in_place', restart=k, segment=spec.segment))
+    log(f'[run] {exit_.describe()}: restart {k}/{dist.max_restarts} in place '
+        f'(run/restarts {count})')
+
+  def on_fatal(exit_):
+    log(f'[run] {exit_.describe()}: stopping the program')
+    if exit_.group == 'learner':   # nobody else waits for its checkpoint
+      touch(spec.learner_done_path)
+
+  manager_box = {}
+
+  def make_manager():
+    manager_box['m'] = supervisor.RestartingWorkerManager(
+        dist.max_restarts if dist.restarts_in_place else 0,
+        on_restart, on_fatal)
+    return manager_box['m']
+
+  with supervisor.installed(make_manager):
+    manager = lp.launch(program, launch_type='local_mp',
+                        terminal=dist.terminal, local_resources=resources)
   # Launchpad's last resort after the termination notice kills the launcher
   # too; keep it alive so it can report and clean up (workers still die).
   manager._kill_main_thread = False  # noqa: SLF001
@@ -168,7 +251,6 @@ def _launch(spec) -> Dict[str, Any]:
     except psutil.NoSuchProcess:
       pass
   errors = {}
-  errors_dir = os.path.join(spec.launch_dir, ERRORS_DIR)
   if os.path.isdir(errors_dir):
     for name in sorted(os.listdir(errors_dir)):
       with open(os.path.join(errors_dir, name)) as f:
@@ -176,13 +258,18 @@ def _launch(spec) -> Dict[str, Any]:
   summary_path = os.path.join(spec.launch_dir, SUMMARY_FILE)
   summary = (rundir.read_json(summary_path) if os.path.exists(summary_path)
              else None)
+  supervised = manager_box.get('m')
+  if supervised is not None:
+    supervised.close()
   if leftovers:
     log(f'[run] killed processes left after the stop: {leftovers}')
-  if errors or 'error' in box:
+  fatal = supervised.fatal if supervised is not None else None
+  if errors or 'error' in box or fatal is not None:
+    fatal = supervised.culprit() if supervised is not None else None
     detail = '\n'.join(f'--- {k} ---\n{v}' for k, v in errors.items())
-    raise RuntimeError(
-        f'a node failed ({box.get("error") or "see below"}); node logs in '
-        f'{log_dir}\n{detail}')
+    raise NodeFailed(
+        f'a node failed ({fatal.report() if fatal else box.get("error") or "see below"}); '
+        f'node logs in {log_dir}\n{detail}', fatal)
   wall = time.time() - t0
   if summary is None:
     ckpt = rundir.latest_run_checkpoint(run.logdir)

@@ -247,7 +247,9 @@ class LearnerNode:
         wall_time=self._wall0 + time.perf_counter() - self._t_start,
         learner_metrics=self._learner.pop_metric_means(),
         extra={**self._health.row(),
-               'num_actors': self._spec.dist.num_actors, **actors})
+               'num_actors': self._spec.dist.num_actors,
+               'run/restarts': rundir.count_restarts(self._spec.run.logdir),
+               **actors})
     self._run_logger().write(row)
     self._last_row = {k: v for k, v in row.items() if not k.startswith('train/')}
     self._last_row_step = now.env_steps

@@ -4,6 +4,7 @@ records, stoppable RPC waits, a flushable child Counter."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -56,12 +57,23 @@ def record_error(spec: ProgramSpec, node: str) -> None:
     pass
 
 
+def exit_now(code: int) -> None:
+  """Leaves the node process at once (streams flushed): for a node with
+  nothing left to save whose threads may be blocked in C++."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
+
+
 def run_guarded(spec: ProgramSpec, node: str, body: Callable[[], Any],
-                on_failure: Callable[[], Any] = lambda: None) -> None:
+                on_failure: Callable[[], Any] = lambda: None,
+                restartable: bool = False) -> None:
   """Runs a node's ``body``: a stop (``StopRequested``) ends it quietly; a
   failure while the program is not stopping is recorded
-  (``record_error``), ``on_failure()`` runs, the program is stopped and the
-  error re-raised (the launcher then reports the node)."""
+  (``record_error``) and ``on_failure()`` runs; then a ``restartable`` node
+  exits with status 1 for the supervisor to restart it in place (when
+  ``spec.dist.restarts_in_place``), any other stops the program and re-raises
+  (the launcher then reports the node, or restarts the program)."""
   stop_event, stopper = lp_hooks()
   try:
     body()
@@ -71,6 +83,8 @@ def run_guarded(spec: ProgramSpec, node: str, body: Callable[[], Any],
     if not stop_event.is_set():
       record_error(spec, node)
       on_failure()
+      if restartable and spec.dist.restarts_in_place:
+        exit_now(1)
       stopper()
       raise
 

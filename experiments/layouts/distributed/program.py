@@ -25,8 +25,9 @@ resume (``experiments.run.rundir``, the same run directory as one process).
 
 Files: spec.py (what every node is given), node_utils.py, learner.py,
 actor.py and evaluator.py (the worker nodes), this file (replay, counter and
-limiter nodes, the program), launch.py (validate, launch, report), lp_init.py
-(per-process set-up).
+limiter nodes, the program), launch.py (validate, launch, restart, report),
+supervisor.py (restarts of dead nodes, issue 22), lp_init.py (per-process
+set-up).
 
 Worker ids: all actors write into one global layout of ``num_envs`` env
 workers; actor k's adder has ``worker_offset = k * n`` (n envs per actor), so
@@ -65,7 +66,8 @@ from experiments.layouts.distributed.evaluator import EvaluatorNode
 from experiments.layouts.distributed.learner import LearnerNode
 from experiments.layouts.distributed.node_utils import (
     call_until, lp_hooks, run_guarded)
-from experiments.layouts.distributed.spec import SUMMARY_FILE, ProgramSpec
+from experiments.layouts.distributed.spec import (
+    NODE_GROUP_ENV, SUMMARY_FILE, ProgramSpec)
 from experiments.run import rundir
 from experiments.run.config import log
 
@@ -223,6 +225,7 @@ def local_resources(spec: ProgramSpec, init_file: str, groups: Sequence[str]):
     if group != 'learner':
       env['JAX_PLATFORMS'] = 'cpu'
     env[lp_init.NOTICE_ENV] = str(spec.dist.termination_notice_s)
+    env[NODE_GROUP_ENV] = group      # which node a process is (ps e, tests)
     if spec.run.jax_cache_dir:
       env[lp_init.JAX_CACHE_ENV] = spec.run.jax_cache_dir
     out[group] = lp_init.python_process(init_file, env=env)

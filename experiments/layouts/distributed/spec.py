@@ -27,6 +27,18 @@ TERMINALS = ('output_to_files', 'current_terminal')
 # reached the Reverb checkpoint a moment before the actor bumped its counter
 # can never share a step id with a step written after the resume.
 STEP_ID_MARGIN = 1
+# Set by the supervisor (``supervisor.RestartingWorkerManager``) in the
+# environment of a node it restarts in place: the restart count k >= 1.
+RESTART_ENV = 'DREAMER_NODE_RESTART'
+# Each node process's group ('replay', 'learner', 'actor', ...).
+NODE_GROUP_ENV = 'DREAMER_NODE_GROUP'
+# Node groups restarted in place; any other dead node restarts the program.
+RESTARTABLE_GROUPS = ('actor', 'evaluator')
+
+
+def node_restart() -> int:
+  """This node process's in-place restart count (0: its first start)."""
+  return int(os.environ.get(RESTART_ENV, '0') or 0)
 
 
 
@@ -54,6 +66,9 @@ class DistributedConfig:
   rpc_timeout_s: courier call timeout of the actors' and learner's RPCs.
   terminal: Launchpad local_mp terminal ('output_to_files' writes each
     node's output to ``<logdir>/lp_logs/segment-<n>/<group>/<i>``).
+  max_restarts: in-place restarts of each actor / evaluator node, and
+    restarts of the whole program from its last checkpoint after any other
+    node died (issue 22); 0 stops the run at the first dead node.
   """
   num_actors: int = 2
   update_period: int = 1
@@ -63,6 +78,7 @@ class DistributedConfig:
   stop_grace_s: float = 60.0
   rpc_timeout_s: float = 60.0
   terminal: str = 'output_to_files'
+  max_restarts: int = 3
 
   def __post_init__(self):
     if self.num_actors < 1:
@@ -74,9 +90,18 @@ class DistributedConfig:
       raise ValueError('lag_probe_every must be >= 1')
     if self.stop_grace_s <= 0:
       raise ValueError(f'--stop_grace must be > 0 seconds, got {self.stop_grace_s}')
+    if self.max_restarts < 0:
+      raise ValueError(f'--max_restarts must be >= 0, got {self.max_restarts}')
     if self.terminal not in TERMINALS:
       raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
                        f'{self.terminal!r}')
+
+  @property
+  def restarts_in_place(self) -> bool:
+    """Whether a dead actor / evaluator is restarted in place: Launchpad's
+    'current_terminal' launcher keeps no exit status of its nodes (it
+    registers them as bare pids), so only 'output_to_files' can."""
+    return self.max_restarts > 0 and self.terminal == 'output_to_files'
 
   @property
   def termination_notice_s(self) -> int:
@@ -125,6 +150,18 @@ class ProgramSpec:
                           eval_policy=run.eval_policy, prefetch=run.prefetch,
                           learner_devices=run.learner_devices,
                           policy_device=run.policy_device, **kwargs)
+
+  @property
+  def restart_index_jump(self) -> int:
+    """How far an actor restarted in place moves its step-id counters
+    (``adder.lengths``) past the checkpoint it started from, per restart:
+    twice the run's agent-step budget (no worker can have stepped further
+    in one launch), a multiple of ``seq_len`` so the online queue keeps its
+    phase (spec 5.4). Ids stay unique, so the learner's LatentStore never
+    hands a new step the latents of a dead actor's step (spec 5.9)."""
+    steps = 2 * (self.run.env_steps // self.run.action_repeat + 1)
+    n = self.config.seq_len
+    return -(-steps // n) * n
 
   def wait_for_learner(self) -> bool:
     """Blocks until the learner's final checkpoint is written (or the grace)."""
