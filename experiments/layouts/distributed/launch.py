@@ -40,7 +40,7 @@ from experiments.layouts.distributed.program import build_program, local_resourc
 from experiments.layouts.distributed.spec import (
     ERRORS_DIR, MODE, RESTARTABLE_GROUPS, SUMMARY_FILE, DistributedConfig,
     ProgramSpec)
-from experiments.run import metrics, rundir
+from experiments.run import health, metrics, rundir
 from experiments.run.config import RunConfig, log, segment_seed
 
 
@@ -110,13 +110,18 @@ def launch(run: RunConfig, config, dist: DistributedConfig) -> Dict[str, Any]:
   return run_prepared(run, prepare(run, config, dist))
 
 
+# Node errors that a program restart cannot cure: the run stops at once.
+FINAL_ERRORS = (health.PersistentSkipError.__name__,)
+
+
 class NodeFailed(RuntimeError):
   """A node died and was not restarted in place; ``exit`` names it (None if
-  only its Python error is known). The message holds its errors / log tail."""
+  only its Python error is known). The message holds its errors / log tail.
+  ``final``: a restart would fail the same way (``FINAL_ERRORS``)."""
 
-  def __init__(self, message: str, exit_=None):
+  def __init__(self, message: str, exit_=None, final: bool = False):
     super().__init__(message)
-    self.exit = exit_
+    self.exit, self.final = exit_, final
 
 
 def run_prepared(run: RunConfig, spec_or_done) -> Dict[str, Any]:
@@ -136,8 +141,9 @@ def run_prepared(run: RunConfig, spec_or_done) -> Dict[str, Any]:
       dist = spec.dist
       in_place = (failure.exit is not None and
                   failure.exit.group in RESTARTABLE_GROUPS)
-      if in_place or restarts >= dist.max_restarts:
+      if in_place or failure.final or restarts >= dist.max_restarts:
         why = ('its in-place restarts are used up' if in_place else
+               'a restart cannot cure this error' if failure.final else
                f'the program was restarted {restarts} times')
         raise RuntimeError(
             f'{failure}\n[run] stopped: {why} (--max_restarts '
@@ -269,7 +275,8 @@ def _launch(spec) -> Dict[str, Any]:
     detail = '\n'.join(f'--- {k} ---\n{v}' for k, v in errors.items())
     raise NodeFailed(
         f'a node failed ({fatal.report() if fatal else box.get("error") or "see below"}); '
-        f'node logs in {log_dir}\n{detail}', fatal)
+        f'node logs in {log_dir}\n{detail}', fatal,
+        final=any(e in text for e in FINAL_ERRORS for text in errors.values()))
   wall = time.time() - t0
   if summary is None:
     ckpt = rundir.latest_run_checkpoint(run.logdir)
