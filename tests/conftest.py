@@ -5,6 +5,7 @@ import pytest
 
 from agent import config as config_lib
 from agent import learning, networks, synthetic
+from tests.smoke_model import SMOKE_MODEL_FLAGS
 
 
 @pytest.fixture(scope='session')
@@ -27,3 +28,28 @@ def tiny_nets(spaces, tiny_config):
 def tiny_state(tiny_nets):
   ts = learning.make_train_step(tiny_nets, jit=False)
   return ts.init(jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope='session', autouse=True)
+def jax_cache_dir(tmp_path_factory):
+  """One persistent XLA compilation cache for the session, enabled here for
+  this process; tests pass it to training subprocesses (``--jax_cache_dir``)
+  and to ``run_dmc.train`` (which would otherwise move this process's cache
+  to its logdir). JAX keys an entry by the program's HLO, compile options
+  (which name this directory), XLA flags, backend and version, so a hit is
+  exactly the executable that would have been compiled; the directory is
+  fresh per session, so the first use of each program still compiles it.
+  Only compiles of >= 1 s are stored, as
+  ``experiments.run.config.enable_compilation_cache`` does. With
+  tests/smoke_model.py, one update compile serves six modules."""
+  path = str(tmp_path_factory.mktemp('jax_cache'))
+  jax.config.update('jax_compilation_cache_dir', path)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)
+  return path
+
+
+@pytest.fixture(scope='session')
+def smoke_flags(jax_cache_dir):
+  """Extra run_dmc.py flags for a smoke.flags run: the session's cache and
+  the shared model (tests/smoke_model.py)."""
+  return (f'--jax_cache_dir={jax_cache_dir}', *SMOKE_MODEL_FLAGS)

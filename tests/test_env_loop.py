@@ -21,6 +21,7 @@ from experiments.envs.vector import VectorEnv
 from experiments.run import env_loop
 from reverb_tables import tables as tables_lib
 from reverb_tables.ratio import TrainSchedule
+from tests.smoke_model import SMOKE_MODEL
 
 TASK = 'cartpole_swingup'
 
@@ -42,9 +43,9 @@ class RecordingAdder:
 
 @pytest.fixture(scope='module')
 def setup():
-  config = make_config(size='tiny', batch_size=2, batch_length=8, imag_horizon=4,
-                       replay_capacity=10_000, train_fill=16, train_ratio=64,
-                       latent_store_dtype='float32')
+  # The shared model (tests/smoke_model.py): one update compile per session.
+  config = make_config(**SMOKE_MODEL, replay_capacity=10_000, train_fill=16,
+                       train_ratio=64)
   spaces = VectorEnv(TASK, 1, 2, seed=0, time_limit=0.1).spaces
   builder = DreamerBuilder(config, spaces, num_envs=2)
   nets = builder.make_networks()

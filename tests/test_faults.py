@@ -44,12 +44,13 @@ def _check_failed_save_and_resume(logdir, first, *extra):
   assert final['learner']['updates'] > state['learner']['updates']
 
 
-def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resumes(tmp_path):
+def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resumes(
+    tmp_path, smoke_flags):
   """One process: the second checkpoint's writes fail with ENOSPC (each
   checkpoint makes 3 writes through the writer: learner, config, run state)."""
   logdir = tmp_path / 'run'
-  first = _run(logdir, fault='ENOSPC@5')
-  _check_failed_save_and_resume(logdir, first)
+  first = _run(logdir, *smoke_flags, fault='ENOSPC@5')
+  _check_failed_save_and_resume(logdir, first, *smoke_flags)
 
 
 @pytest.mark.slow

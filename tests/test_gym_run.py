@@ -97,9 +97,10 @@ def test_discrete_actor_stores_one_hot_and_sends_indices():
 
 
 @pytest.fixture(scope='module')
-def gym_run(tmp_path_factory):
+def gym_run(tmp_path_factory, jax_cache_dir):
   logdir = tmp_path_factory.mktemp('gym') / 'run'
-  code, log = _run([RUN, *GYM_TINY, f'--logdir={logdir}'])
+  code, log = _run([RUN, *GYM_TINY, f'--logdir={logdir}',
+                    f'--jax_cache_dir={jax_cache_dir}'])
   assert code == 0, log[-4000:]
   return logdir
 
@@ -129,12 +130,12 @@ def test_gym_cartpole_trains_evaluates_and_watches(gym_run):
   assert 'ep.gif' in table and 'openloop.png' in table
 
 
-def test_watch_smoke_run_mp4_and_open_loop(tmp_path):
+def test_watch_smoke_run_mp4_and_open_loop(tmp_path, smoke_flags):
   """smoke.flags (dm_control through MuJoCo EGL): a short .mp4 and the PNG."""
   logdir = tmp_path / 'smoke'
   code, log = _run([RUN, f'--flagfile={SMOKE}', f'--logdir={logdir}',
                     '--env_steps=300', '--eval_every=0', '--eval_episodes=0',
-                    '--noreport'])
+                    '--noreport', *smoke_flags])
   assert code == 0, log[-4000:]
   out = tmp_path / 'video.mp4'
   code, log = _run([WATCH, f'--logdir={logdir}', f'--out={out}',
@@ -163,12 +164,13 @@ def _toy_factory(seed):
   return ToyEnv(seed=seed % 7, length=6, discrete=True)
 
 
-def test_train_entry_point_with_an_env_factory(tmp_path):
+def test_train_entry_point_with_an_env_factory(tmp_path, jax_cache_dir):
   """README "Your own environment": a dm_env factory into run_dmc.train, to the
   end (eval included), then resumed (nothing to do) with the same factory."""
   logdir = tmp_path / 'toy'
   kwargs = dict(task='toy', logdir=str(logdir), flagfile=SMOKE, action_repeat=1,
-                env_steps=120, eval_every=60, report=False)
+                env_steps=120, eval_every=60, report=False,
+                jax_cache_dir=jax_cache_dir)
   with pytest.raises(ValueError, match='not run flags'):
     run_dmc.train(_toy_factory, **kwargs, tasks=3)
   assert not logdir.exists()

@@ -97,12 +97,12 @@ def _train_cartpole(logdir, *extra, timeout=420):
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
-def test_gymnasium_task_trains_in_one_process(tmp_path):
+def test_gymnasium_task_trains_in_one_process(tmp_path, jax_cache_dir):
   """A real gymnasium task through run_dmc.py: updates, finite losses, an
   evaluation, flags.txt naming the suite."""
   logdir = tmp_path / 'run'
   _train_cartpole(logdir, '--eval_episodes=2', '--eval_policy=mode',
-                  '--jax_cache_dir=off')
+                  f'--jax_cache_dir={jax_cache_dir}')
   assert '--suite=gymnasium' in (logdir / 'flags.txt').read_text()
   rows = [json.loads(line) for line in open(logdir / 'metrics.jsonl')]
   train = [r for r in rows if r['kind'] == 'train']

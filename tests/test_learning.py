@@ -6,6 +6,7 @@ import pytest
 
 from agent import distributions as dists, latents, learning, networks, rssm
 from agent import synthetic, world_model
+from tests.smoke_model import CARTPOLE_SPACES, SMOKE_MODEL
 
 
 def _batch(config, spaces, seed=0):
@@ -90,9 +91,14 @@ def test_gradient_routing_matrix(tiny_nets, tiny_state, tiny_config, spaces):
     assert got == ROUTING[term], (name, got)
 
 
-def test_train_step_compiles_once_and_first_update_noop(tiny_nets, tiny_config, spaces):
+def test_train_step_compiles_once_and_first_update_noop():
   """Algorithm J in one jitted update; lr_0 = 0 leaves params unchanged (4.7)."""
-  ts = learning.make_train_step(tiny_nets)
+  # The shared model on cartpole_swingup's spaces (tests/smoke_model.py): the
+  # update test_env_loop compiles, so the session's cache serves it here.
+  from agent import config as config_lib
+  tiny_config = config_lib.make_config(**SMOKE_MODEL)
+  spaces = CARTPOLE_SPACES
+  ts = learning.make_train_step(networks.make_networks(spaces, tiny_config))
   state = ts.init(jax.random.PRNGKey(0))
   before = jax.tree_util.tree_map(np.asarray, state.params)
   state, metrics, outs = ts.update(state, _batch(tiny_config, spaces, 0))

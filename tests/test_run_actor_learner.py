@@ -18,14 +18,16 @@ from agent.config import make_config
 from agent.learner import DreamerLearner
 from experiments.envs.vector import VectorEnv
 from reverb_tables.tables import make_server
+from tests.smoke_model import SMOKE_MODEL
 
 TASK = 'cartpole_swingup'
 
 
 @pytest.fixture(scope='module')
 def config():
-  return make_config(size='tiny', batch_size=2, batch_length=8, imag_horizon=4,
-                     replay_capacity=10_000, train_fill=16, train_ratio=16)
+  # The shared model (tests/smoke_model.py): one update compile per session.
+  return make_config(**SMOKE_MODEL, replay_capacity=10_000, train_fill=16,
+                     train_ratio=16)
 
 
 @pytest.fixture(scope='module')

@@ -45,10 +45,11 @@ def _read_jsonl(path):
     return [json.loads(line) for line in f if line.strip()]
 
 
-def test_smoke_train_kill_resume_eval(tmp_path):
+def test_smoke_train_kill_resume_eval(tmp_path, smoke_flags):
   """Train, checkpoint, SIGKILL, resume to the end, eval, report, load policy."""
   logdir = tmp_path / 'run'
-  extra = ('--env_steps=1000', '--checkpoint_every=1', '--eval_every=400')
+  extra = ('--env_steps=1000', '--checkpoint_every=1', '--eval_every=400',
+           *smoke_flags)
   log1 = open(tmp_path / 'first.log', 'w')
   proc = subprocess.Popen(_cmd(logdir, *extra), cwd=REPO, env=_env(),
                           stdout=log1, stderr=subprocess.STDOUT)
@@ -240,6 +241,10 @@ def test_flags_build_configs_and_overrides(tmp_path):
   assert config.train_fill == config.batch_size * config.batch_length
   assert run.env_steps == 600 and run.num_envs == 2 and run.eval_policy == 'sample'
   assert '--task=cartpole_swingup' in run.flags_text
+  # The compilation cache: <logdir>/jax_cache unless given; 'off' disables it.
+  assert run.jax_cache_dir == os.path.join(str(tmp_path), 'jax_cache')
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}', '--jax_cache_dir=off')
+  assert options.configs_from_flags(fv)[0].jax_cache_dir is None
   # Capacity below one batch is rejected with the flag name.
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}', '--replay_capacity=10')
   with pytest.raises(ValueError, match='--replay_capacity'):
