@@ -3,7 +3,8 @@
 The end-to-end test runs experiments/flags/smoke.flags as real subprocesses
 (dm_control + Reverb + the tiny model): train until a checkpoint with updates
 exists, SIGKILL, resume with the same command to the end (eval, report), then
-load the policy and act.
+load the policy and act; experiments/tools/watch.py then records the same run
+(a video through MuJoCo's EGL rendering and the open-loop PNG).
 """
 
 import agent  # noqa: F401  (jax compat before acme)
@@ -27,6 +28,7 @@ from experiments.run import rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
+WATCH = os.path.join(REPO, 'experiments', 'tools', 'watch.py')
 
 
 def _cmd(logdir, *extra):
@@ -40,16 +42,38 @@ def _env():
   return env
 
 
+def _run_tool(*args, timeout=420):
+  out = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=timeout, env=_env())
+  return out.returncode, out.stdout + out.stderr
+
+
 def _read_jsonl(path):
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def test_smoke_train_kill_resume_eval(tmp_path, smoke_flags):
-  """Train, checkpoint, SIGKILL, resume to the end, eval, report, load policy."""
-  logdir = tmp_path / 'run'
-  extra = ('--env_steps=1000', '--checkpoint_every=1', '--eval_every=400',
-           *smoke_flags)
+class SmokeRun:
+  """What the ``smoke_run`` fixture did (checked by the tests below)."""
+  logdir: pathlib.Path
+  extra: tuple            # run_dmc.py flags of every run of it
+  first_log: str          # output of the run that was killed
+  first_returncode: int
+  killed_at: dict         # learner counters of the checkpoint seen, or None
+  resumed: subprocess.CompletedProcess   # None when there was no kill
+
+
+@pytest.fixture(scope='module')
+def smoke_run(tmp_path_factory, smoke_flags):
+  """smoke.flags trained until a checkpoint with updates exists, SIGKILLed,
+  then resumed with the same command (and --eval_policy=mode) to the end
+  (eval, report). test_smoke_train_kill_resume_eval checks all of it; the
+  watch test records the finished run (one training for both)."""
+  tmp_path = tmp_path_factory.mktemp('smoke')
+  r = SmokeRun()
+  r.logdir = logdir = tmp_path / 'run'
+  r.extra = extra = ('--env_steps=1000', '--checkpoint_every=1',
+                     '--eval_every=400', *smoke_flags)
   log1 = open(tmp_path / 'first.log', 'w')
   proc = subprocess.Popen(_cmd(logdir, *extra), cwd=REPO, env=_env(),
                           stdout=log1, stderr=subprocess.STDOUT)
@@ -73,12 +97,25 @@ def test_smoke_train_kill_resume_eval(tmp_path, smoke_flags):
       os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     log1.close()
-  assert killed_at is not None, open(tmp_path / 'first.log').read()[-3000:]
-  assert proc.returncode == -signal.SIGKILL
-  # The kill may land mid-save; resume must still use a complete checkpoint.
-  # Eval settings may change on resume: the deterministic eval policy.
-  out = subprocess.run(_cmd(logdir, *extra, '--eval_policy=mode'), cwd=REPO, env=_env(),
-                       capture_output=True, text=True, timeout=300)
+  r.killed_at, r.first_returncode = killed_at, proc.returncode
+  r.first_log = open(tmp_path / 'first.log').read()
+  r.resumed = None
+  if killed_at is not None and proc.returncode == -signal.SIGKILL:
+    # The kill may land mid-save; resume must still use a complete checkpoint.
+    # Eval settings may change on resume: the deterministic eval policy.
+    r.resumed = subprocess.run(_cmd(logdir, *extra, '--eval_policy=mode'),
+                               cwd=REPO, env=_env(), capture_output=True,
+                               text=True, timeout=300)
+  return r
+
+
+def test_smoke_train_kill_resume_eval(smoke_run):
+  """Train, checkpoint, SIGKILL, resume to the end, eval, report, load policy."""
+  logdir, extra = smoke_run.logdir, smoke_run.extra
+  killed_at = smoke_run.killed_at
+  assert killed_at is not None, smoke_run.first_log[-3000:]
+  assert smoke_run.first_returncode == -signal.SIGKILL
+  out = smoke_run.resumed
   log = out.stdout + out.stderr
   assert out.returncode == 0, log[-4000:]
   assert 'resumed from' in log, log[-4000:]
@@ -140,6 +177,26 @@ def test_smoke_train_kill_resume_eval(tmp_path, smoke_flags):
   assert 'nothing to train' in out.stderr
   assert (logdir / 'scores.jsonl').read_text() == before
 
+
+
+def test_watch_smoke_run_mp4_and_open_loop(smoke_run, tmp_path):
+  """smoke.flags (dm_control through MuJoCo EGL): experiments/tools/watch.py
+  on the run above writes a short .mp4 and the open-loop PNG."""
+  assert smoke_run.resumed is not None and smoke_run.resumed.returncode == 0, (
+      'the smoke run did not finish: see test_smoke_train_kill_resume_eval')
+  logdir = smoke_run.logdir
+  out = tmp_path / 'video.mp4'
+  code, log = _run_tool(WATCH, f'--logdir={logdir}', f'--out={out}',
+                        f'--openloop={tmp_path / "ol.png"}')
+  assert code == 0, log[-3000:]
+  import imageio.v2 as imageio
+  reader = imageio.get_reader(str(out))
+  frames = [f for f in reader]
+  assert len(frames) == 51 and frames[0].shape == (240, 320, 3)  # 50 steps + reset
+  assert frames[5].std() > 1                                     # not blank
+  assert (tmp_path / 'ol.png').stat().st_size > 10_000
+  code, log = _run_tool(WATCH, f'--logdir={logdir}', f'--out={tmp_path}/v.avi')
+  assert code == 2 and '.mp4 or .gif' in log
 
 # --- checkpoint folder consistency (kill mid-save) ------------------------------------
 
