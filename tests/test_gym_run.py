@@ -132,11 +132,21 @@ def test_gym_cartpole_trains_evaluates_and_watches(gym_run):
 
 
 def test_bad_suite_flags_fail_before_anything_is_written(tmp_path):
-  for extra, match in ((['--suite=gym', '--task=walker_walk'], "Unknown gym task 'walker_walk'"),
-                       (['--suite=gym', '--task=CartPole-v1'], 'time_limit')):
-    logdir = tmp_path / 'x'
-    code, log = _run([RUN, f'--flagfile={SMOKE}', f'--logdir={logdir}', *extra])
-    assert code != 0 and match in log, log[-2000:]
+  cases = ((['--suite=gym', '--task=walker_walk'], "Unknown gym task 'walker_walk'"),
+           (['--suite=gym', '--task=CartPole-v1'], 'time_limit'))
+  runs = []          # started together: each is a whole interpreter start
+  for i, (extra, match) in enumerate(cases):
+    logdir, log = tmp_path / f'x{i}', open(tmp_path / f'x{i}.log', 'w+')
+    runs.append((logdir, log, match, subprocess.Popen(
+        [sys.executable, RUN, f'--flagfile={SMOKE}', f'--logdir={logdir}', *extra],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, 'PYTHONUNBUFFERED': '1'})))
+  for logdir, log, match, proc in runs:
+    code = proc.wait(timeout=420)
+    log.seek(0)
+    out = log.read()
+    log.close()
+    assert code != 0 and match in out, out[-2000:]
     assert not logdir.exists()
 
 

@@ -259,23 +259,48 @@ def test_bad_flag_values_name_the_flag(argv, name):
     _parse('--logdir=/tmp/x', *argv)
 
 
-@pytest.mark.parametrize('entry, message', [
+BAD_OVERRIDES = [
     ('lr=abc', r"lr='abc' must be a number \(DreamerConfig.lr is float\)"),
     ('warmup=1.5', r'warmup=1.5 must be an integer'),
     ('online_queue=1', r'online_queue=1 must be a bool'),
     ('latent_store_dtype=3', r'latent_store_dtype=3 must be a string'),
-])
+]
+
+
+@pytest.fixture(scope='module')
+def bad_cli_runs(tmp_path_factory):
+  """run_dmc.py (smoke.flags) with each bad flag the tests below check, each
+  with its own --logdir. Every run is a whole interpreter start (~4 s of
+  CPU), so they are started together and run side by side. Returns
+  {flag: (returncode, stderr, whether its logdir exists afterwards)}."""
+  root = tmp_path_factory.mktemp('bad_cli')
+  bad = [f'--config_overrides={entry}' for entry, _ in BAD_OVERRIDES]
+  bad.append('--num_envs=0')
+  runs = []
+  for i, arg in enumerate(bad):
+    logdir, err = root / f'r{i}', open(root / f'r{i}.err', 'w+')
+    runs.append((arg, logdir, err, subprocess.Popen(
+        _cmd(logdir, arg), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+        stderr=err, text=True)))
+  results = {}
+  for arg, logdir, err, proc in runs:
+    proc.wait(timeout=120)
+    err.seek(0)
+    results[arg] = (proc.returncode, err.read(), logdir.exists())
+    err.close()
+  return results
+
+
+@pytest.mark.parametrize('entry, message', BAD_OVERRIDES)
 def test_config_overrides_are_type_checked_before_anything_is_written(
-    tmp_path, entry, message):
+    tmp_path, entry, message, bad_cli_runs):
   """A wrong override value names the field and the type it needs, at flag
   parsing (no logdir, no checkpoint folder)."""
   with pytest.raises(flags.IllegalFlagValueError, match=message):
     _parse(f'--logdir={tmp_path / "r"}', f'--config_overrides={entry}')
-  out = subprocess.run(_cmd(tmp_path / 'r', f'--config_overrides={entry}'),
-                       cwd=REPO, env=_env(), capture_output=True, text=True,
-                       timeout=120)
-  assert out.returncode != 0 and entry.split('=')[0] in out.stderr
-  assert not (tmp_path / 'r').exists()
+  code, stderr, logdir_exists = bad_cli_runs[f'--config_overrides={entry}']
+  assert code != 0 and entry.split('=')[0] in stderr
+  assert not logdir_exists
   ok = options.parse_overrides(['lr=1', 'warmup=10.0', 'units_override=None'])
   assert ok == {'lr': 1.0, 'warmup': 10, 'units_override': None}
   assert isinstance(ok['lr'], float) and isinstance(ok['warmup'], int)
@@ -338,12 +363,11 @@ def vars_of(config):
   return dataclasses.asdict(config)
 
 
-def test_cli_bad_flag_exits_nonzero_with_message(tmp_path):
-  out = subprocess.run(_cmd(tmp_path / 'r', '--num_envs=0'), cwd=REPO, env=_env(),
-                       capture_output=True, text=True, timeout=120)
-  assert out.returncode != 0
-  assert '--num_envs' in out.stderr
-  assert not (tmp_path / 'r').exists()
+def test_cli_bad_flag_exits_nonzero_with_message(bad_cli_runs):
+  code, stderr, logdir_exists = bad_cli_runs['--num_envs=0']
+  assert code != 0
+  assert '--num_envs' in stderr
+  assert not logdir_exists
 
 
 def test_single_process_refuses_distributed_checkpoint(tmp_path):
