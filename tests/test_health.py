@@ -22,6 +22,7 @@ from absl import flags
 
 from experiments import options
 from experiments.run import health, rundir
+from experiments.run import restarts as restart_log
 from experiments.run.config import RunConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,7 +216,7 @@ def test_unstable_distributed_run_stops_in_the_learner(tmp_path):
   assert 'the last 5 updates in a row were skipped' in out.stderr
   # No program restart (issue 22 part 1): a restart cannot cure divergence.
   assert 'a restart cannot cure this error' in out.stderr, out.stderr[-4000:]
-  assert rundir.count_restarts(logdir) == 0
+  assert restart_log.count_restarts(logdir) == 0
   rows = _rows(logdir)
   assert rows[-1]['learner/skip_streak'] == 5, rows[-1]
   for ckpt in rundir.list_run_checkpoints(logdir):

@@ -20,6 +20,7 @@ from experiments.layouts.distributed import supervisor
 from experiments.layouts.distributed.spec import (
     NODE_GROUP_ENV, RESTART_ENV, DistributedConfig)
 from experiments.run import rundir
+from experiments.run import restarts as restart_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,12 +94,12 @@ def test_restarts_are_bounded_and_other_nodes_are_fatal(tmp_path):
 
 def test_restart_records_and_config(tmp_path):
   logdir = str(tmp_path)
-  assert rundir.count_restarts(logdir) == 0
+  assert restart_log.count_restarts(logdir) == 0
   exit_ = supervisor.NodeExit('actor/0', 'actor', -9)
-  assert rundir.append_restart(logdir, exit_.record(kind='in_place',
+  assert restart_log.append_restart(logdir, exit_.record(kind='in_place',
                                                     restart=1)) == 1
-  assert rundir.append_restart(logdir, {'kind': 'program', 'restart': 1}) == 2
-  rows = [json.loads(x) for x in open(tmp_path / rundir.RESTARTS_FILE)]
+  assert restart_log.append_restart(logdir, {'kind': 'program', 'restart': 1}) == 2
+  rows = [json.loads(x) for x in open(tmp_path / restart_log.RESTARTS_FILE)]
   assert rows[0]['node'] == 'actor/0' and rows[0]['status'].startswith(
       'killed by SIGKILL')
   with pytest.raises(ValueError, match='max_restarts'):
@@ -126,7 +127,7 @@ def _node_pids(launcher_pid, group):
 def _check_files(logdir):
   """Every log line complete and JSON; no train row or score line twice."""
   seen = set()
-  for name in (rundir.METRICS_FILE, rundir.SCORES_FILE, rundir.RESTARTS_FILE):
+  for name in (rundir.METRICS_FILE, rundir.SCORES_FILE, restart_log.RESTARTS_FILE):
     with open(os.path.join(logdir, name), 'rb') as f:
       data = f.read()
     assert data.endswith(b'\n'), name
@@ -186,7 +187,7 @@ def _check_finished(code, out, logdir, kind, node):
   final = rundir.load_run_state(rundir.latest_run_checkpoint(logdir))
   assert final['counts']['env_steps'] >= 2400
   rows = [json.loads(x) for x in open(os.path.join(logdir,
-                                                   rundir.RESTARTS_FILE))]
+                                                   restart_log.RESTARTS_FILE))]
   assert [(r['kind'], r['node'], r['returncode']) for r in rows] == [
       (kind, node, -9)], rows
   _check_files(logdir)

@@ -8,8 +8,9 @@
   env_loop.py   acme's EnvironmentLoop over a VectorEnv, episode observer
   evaluator.py  spec 7.3 evaluation
   health.py     the persistent-skip rule (stops a diverged run, issue 22)
+  restarts.py   restarts.jsonl, the restart records of a Launchpad run (issue 22)
 
 Imports point one way: config <- rundir <- metrics <- env_loop <- evaluator,
-rundir <- health;
+rundir <- health, restarts;
 this package imports experiments.envs and agent, never the layouts.
 """

@@ -13,8 +13,8 @@ One module owns what both layouts write and read (docs/metrics.md):
                      latents.npz, config.json, run_state.json) and
                      reverb/<timestamp>/ (the Reverb checkpoint it references)
   report.png         experiments/tools/report.py output at the end of the run
-  restarts.jsonl     one row per node restart of a Launchpad run (issue 22);
-                     kept across resumes (the history of the logdir)
+  restarts.jsonl     one row per node restart of a Launchpad run (issue 22;
+                     experiments.run.restarts); kept across resumes
 
 Checkpoints are atomic (``write_checkpoint``): everything goes into
 ``checkpoints/.tmp-*`` which is renamed to ``ckpt-*``. Reverb's server deletes
@@ -67,7 +67,6 @@ EVAL_DIR = 'eval'
 TB_DIR = 'tensorboard'
 REPORT_FILE = 'report.png'
 FLAGS_FILE = 'flags.txt'
-RESTARTS_FILE = 'restarts.jsonl'
 LOG_FILES = {'metrics_bytes': METRICS_FILE, 'scores_bytes': SCORES_FILE,
              'eval_scores_bytes': os.path.join(EVAL_DIR, SCORES_FILE)}
 # Run settings that must not change on resume (besides every DreamerConfig field).
@@ -190,24 +189,6 @@ def append_score(logdir: str, task: str, env_step: int, score: float,
                      'score': score, 'seed': int(seed)})
   with open(os.path.join(logdir, SCORES_FILE), 'a') as f:
     f.write(line + '\n')
-
-
-def append_restart(logdir: str, record: Mapping[str, Any]) -> int:
-  """Appends one restart (node, exit status, kind, ...) to restarts.jsonl in
-  one write; returns the run's restart count (the ``run/restarts`` metric)."""
-  line = json.dumps({'time': time.time(), **record}, default=json_default)
-  with open(os.path.join(logdir, RESTARTS_FILE), 'a') as f:
-    f.write(line + '\n')
-  return count_restarts(logdir)
-
-
-def count_restarts(logdir: str) -> int:
-  """Restarts recorded in ``logdir`` (complete lines of restarts.jsonl)."""
-  try:
-    with open(os.path.join(logdir, RESTARTS_FILE), 'rb') as f:
-      return f.read().count(b'\n')
-  except FileNotFoundError:
-    return 0
 
 
 # --- checkpoints ------------------------------------------------------------------

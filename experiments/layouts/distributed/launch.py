@@ -41,6 +41,7 @@ from experiments.layouts.distributed.spec import (
     ERRORS_DIR, MODE, RESTARTABLE_GROUPS, SUMMARY_FILE, DistributedConfig,
     ProgramSpec)
 from experiments.run import health, metrics, rundir
+from experiments.run import restarts as restart_log
 from experiments.run.config import RunConfig, log, segment_seed
 
 
@@ -156,7 +157,7 @@ def run_prepared(run: RunConfig, spec_or_done) -> Dict[str, Any]:
                 'node': None, 'returncode': None}
       if failure.exit is not None:
         record = failure.exit.record(**record)
-      count = rundir.append_restart(run.logdir, record)
+      count = restart_log.append_restart(run.logdir, record)
       node = failure.exit.describe() if failure.exit else 'a node failed'
       log(f'[run] restart {restarts}/{dist.max_restarts} of the program '
           f'({node}); resuming from {ckpt or "the start"} '
@@ -209,7 +210,7 @@ def _launch(spec) -> Dict[str, Any]:
         if name.startswith(exit_.group):
           os.replace(os.path.join(errors_dir, name),
                      os.path.join(spec.launch_dir, f'restarted-{name}-{k}'))
-    count = rundir.append_restart(run.logdir, exit_.record(
+    count = restart_log.append_restart(run.logdir, exit_.record(
         kind='in_place', restart=k, segment=spec.segment))
     log(f'[run] {exit_.describe()}: restart {k}/{dist.max_restarts} in place '
         f'(run/restarts {count})')

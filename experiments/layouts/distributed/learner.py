@@ -20,6 +20,7 @@ from experiments.layouts.distributed.node_utils import (
 from experiments.layouts.distributed.spec import (
     MODE, STEP_ID_MARGIN, ProgramSpec)
 from experiments.run import health, metrics, rundir
+from experiments.run import restarts as restart_log
 from experiments.run.config import log, next_multiple
 
 
@@ -248,7 +249,7 @@ class LearnerNode:
         learner_metrics=self._learner.pop_metric_means(),
         extra={**self._health.row(),
                'num_actors': self._spec.dist.num_actors,
-               'run/restarts': rundir.count_restarts(self._spec.run.logdir),
+               'run/restarts': restart_log.count_restarts(self._spec.run.logdir),
                **actors})
     self._run_logger().write(row)
     self._last_row = {k: v for k, v in row.items() if not k.startswith('train/')}

@@ -78,7 +78,7 @@ class NodeExit:
             + (f'; its last log lines:\n{tail}' if tail else ''))
 
   def record(self, **fields) -> Dict[str, object]:
-    """The restarts.jsonl row of this exit (``rundir.append_restart``):
+    """The restarts.jsonl row of this exit (``experiments.run.restarts.append_restart``):
     ``fields`` (kind, restart, ...) with this node and its exit status."""
     return {**fields, 'node': self.node, 'returncode': self.returncode,
             'status': exit_status(self.returncode)}
