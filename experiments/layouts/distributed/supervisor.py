@@ -181,7 +181,7 @@ class RestartingWorkerManager(worker_manager.WorkerManager):
         if (not stopping and node.group in RESTARTABLE_GROUPS and
             node.restarts < self._max_restarts):
           node.restarts += 1
-          workers[i] = self._respawn(node, exit_)
+          workers[i] = self._respawn(proc, node, exit_)
           self._on_restart(exit_, node.restarts)
           continue
         self._seen.add(proc)
@@ -191,7 +191,8 @@ class RestartingWorkerManager(worker_manager.WorkerManager):
           self._on_fatal(exit_)
     super()._check_workers()
 
-  def _respawn(self, node: _Node, exit_: NodeExit) -> subprocess.Popen:
+  def _respawn(self, dead: subprocess.Popen, node: _Node,
+               exit_: NodeExit) -> subprocess.Popen:
     env = {**node.env, RESTART_ENV: str(node.restarts)}
     out = open(node.log_path, 'a') if node.log_path else None  # noqa: SIM115
     try:
@@ -203,7 +204,7 @@ class RestartingWorkerManager(worker_manager.WorkerManager):
     finally:
       if out is not None:
         out.close()
-    del self._nodes[next(p for p, n in self._nodes.items() if n is node)]
+    del self._nodes[dead]
     self._nodes[proc] = node
     return proc
 
