@@ -45,7 +45,7 @@ from agent import networks as nets_lib
 from agent.actor import DreamerActor, VersionedVariableClient, make_policy_fn
 from agent.config import DreamerConfig
 from agent.learner import DreamerLearner, ReplayIterator
-from agent.parallel import LearnerPlacement, check_batch_size
+from agent.parallel import LearnerPlacement, UpdateGate, check_batch_size
 from agent.types import EnvSpaces, step_spec
 from reverb_tables.adder import DEFAULT_CHUNK_LENGTH, WindowAdder
 from reverb_tables.latent_store import LatentStore
@@ -152,16 +152,21 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     """Training batches (5.3), one ahead (6.3b), with write-back latents
     (5.8, 5.9) overlaid after the previous update's write-back."""
     store = LatentStore(self.config, self.num_envs)
+    # Of several learner processes only process 0 pops the online queue.
     sampler = ReplaySampler(replay_client, self.config, None,
-                            seed=self.config.seed, step_spec=self.step_spec)
-    device = jax.devices()[0]
-    if not self._device_prefetch or device.platform == 'cpu':
-      device = None
-    if self.placement.sharded:          # rows split over the learner devices
-      device = self.placement.batch
+                            seed=self.config.seed, step_spec=self.step_spec,
+                            take_online=self.placement.process_index == 0)
+    place = self.placement
+    put = None
+    device = jax.local_devices()[0]
+    if self._device_prefetch and device.platform != 'cpu':
+      put = lambda batch: jax.device_put(batch, device)   # noqa: E731
+    if place.sharded:                   # rows split over the learner devices
+      put = place.put_batch
     return ReplayIterator(sampler, store, prefetch=self._prefetch,
-                          should_stop=should_stop, on_wait=on_wait,
-                          device=device)
+                          should_stop=should_stop, on_wait=on_wait, put=put,
+                          batch_size=place.local_batch_size(
+                              self.config.batch_size))
 
   def make_train_schedule(self) -> TrainSchedule:
     """The spec 6.1 / 6.2 schedule of one process: updates due after each
@@ -172,11 +177,16 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   # -- learner / actor --------------------------------------------------------------
   def make_learner(self, random_key, networks: nets_lib.DreamerNetworks,
                    dataset: Iterator, replay_client: Optional[reverb.Client] = None,
-                   counter: Optional[counting.Counter] = None) -> DreamerLearner:
+                   counter: Optional[counting.Counter] = None, *,
+                   should_stop=lambda: False) -> DreamerLearner:
+    """The learner; with several learner processes (``jax.distributed``)
+    it runs each update together with the others (``UpdateGate``)."""
     del replay_client  # the write-back goes through the dataset's latent store
+    gate = UpdateGate() if self.placement.multi_process else None
     return DreamerLearner(networks, dataset, random_key, counter=counter,
                           logger=self._logger_fn(), log_every=self._log_every,
-                          placement=self.placement)
+                          placement=self.placement, gate=gate,
+                          should_stop=should_stop)
 
   def make_actor(self, random_key, policy_network, adder=None,
                  variable_source: Optional[core.VariableSource] = None, *,

@@ -77,9 +77,11 @@ class ReplayIterator:
   with the overlay after the previous write-back and a wait that ends with
   ``StopRequested`` once ``should_stop()`` is true; ``on_wait()`` runs about
   every second while blocked (bookkeeping of a learner process). With
-  ``device`` (a jax device, or the sharding of a data-parallel learner,
-  ``agent.parallel``) the overlaid batch is put there (``step_id`` stays on
-  the host for the write-back).
+  ``put`` (``jax.device_put`` to a device, or ``LearnerPlacement.put_batch``
+  of a data-parallel learner, ``agent.parallel``) the overlaid batch goes
+  to the learner's devices (``step_id`` stays on the host for the
+  write-back). ``batch_size``: rows per batch (default the config's; a
+  process of a multi-process learner samples its share).
 
   Timings: ``wait_s`` (caller blocked waiting for a batch) and ``sample_s``
   (time inside ``sample_train``).
@@ -88,13 +90,15 @@ class ReplayIterator:
   def __init__(self, sampler, latent_store, *, prefetch: bool = True,
                should_stop: Callable[[], bool] = lambda: False,
                on_wait: Optional[Callable[[], None]] = None,
-               device=None, wait_slice: float = 0.05):
+               put: Optional[Callable[[Any], Any]] = None,
+               batch_size: Optional[int] = None, wait_slice: float = 0.05):
     self.sampler = sampler
     self.latent_store = latent_store
     self._prefetch = bool(prefetch)
     self._should_stop = should_stop
     self._on_wait = on_wait
-    self._device = device
+    self._put = put
+    self._batch_size = batch_size
     self._slice = wait_slice
     self._queue: queue.Queue = queue.Queue()
     self._requests = threading.Semaphore(0)
@@ -133,7 +137,7 @@ class ReplayIterator:
         return
       t0 = time.perf_counter()
       try:
-        batch = self.sampler.sample_train()
+        batch = self.sampler.sample_train(self._batch_size)
       except Exception as e:  # noqa: BLE001  (handed to the caller)
         self._queue.put(e)
         return
@@ -166,9 +170,9 @@ class ReplayIterator:
       self._request()
     self.batches += 1
     batch = overlay_latents(item, self.latent_store)
-    if self._device is not None:
+    if self._put is not None:
       step_id = batch.pop('step_id')
-      batch = jax.device_put(batch, self._device)
+      batch = self._put(batch)
       batch['step_id'] = step_id
     return batch
 
@@ -202,6 +206,10 @@ class DreamerLearner(core.Learner):
     placement: ``agent.parallel.LearnerPlacement``: the learner devices (the
       update runs data-parallel over them) and the device that serves acting
       params; default one device.
+    gate: with several learner processes, their ``agent.parallel.UpdateGate``
+      (every process runs each update together; ``step`` raises
+      ``StopRequested`` when process 0 stops the run). ``should_stop`` is
+      the gate's stop check while it waits.
   """
 
   def __init__(self, networks: nets_lib.DreamerNetworks, iterator: Iterator,
@@ -209,7 +217,8 @@ class DreamerLearner(core.Learner):
                counter: Optional[counting.Counter] = None, logger=None,
                log_every: int = 0,
                train_step: Optional[learning.TrainStep] = None,
-               placement: Optional[LearnerPlacement] = None):
+               placement: Optional[LearnerPlacement] = None,
+               gate=None, should_stop: Callable[[], bool] = lambda: False):
     self._nets = networks
     self._config = networks.config
     self._iterator = iterator
@@ -224,7 +233,9 @@ class DreamerLearner(core.Learner):
     self._train_step = train_step or learning.make_train_step(
         networks, placement=self._placement)
     self._update = self._train_step.update
-    self._state = self._placement.put_state(self._train_step.init(random_key))
+    self._gate, self._should_stop = gate, should_stop
+    self._state = self._placement.put_state(
+        self._placement.host(self._train_step.init(random_key)))
     self._checked_shapes = None
     self._variables_cache = (None, None)
     self.num_steps = 0
@@ -240,14 +251,28 @@ class DreamerLearner(core.Learner):
     """One update: sample, update, write back, count, log. Returns metrics."""
     t0 = time.perf_counter()
     batch = next(self._iterator)
+    if self._gate is not None and not self._gate.enter(self.num_steps,
+                                                       self._should_stop):
+      raise StopRequested()
     t1 = time.perf_counter()
-    self._check(batch)
+    place = self._placement
+    ids = np.asarray(batch['step_id'])
+    host_ids = ids[:, 1:]
+    if place.multi_process:
+      # step_id holds this process's rows: checked with the global row count,
+      # then made a global array (jit takes no host rows of one process).
+      rows = np.shape(batch['is_first'])[0]
+      self._check({**batch, 'step_id': np.broadcast_to(
+          np.zeros((), ids.dtype), (rows,) + ids.shape[1:])})
+      batch = {**batch, 'step_id': place.put_batch(ids)}
+    else:
+      self._check(batch)
     self._state, metrics, outs = self._update(self._state, batch)
-    outs = jax.tree_util.tree_map(np.asarray, outs)       # blocks on the update
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    outs = place.gather_rows(outs)                        # blocks on the update
+    metrics = {k: float(v) for k, v in place.host(metrics).items()}
     t2 = time.perf_counter()
-    if self._write_back is not None:
-      self._write_back(np.asarray(batch['step_id'])[:, 1:], outs)
+    if self._write_back is not None:     # every row, in every process (5.9)
+      self._write_back(place.gather_rows(host_ids), outs)
     t3 = time.perf_counter()
     self.timings['sample_s'] += t1 - t0
     self.timings['update_s'] += t2 - t1
@@ -261,6 +286,16 @@ class DreamerLearner(core.Learner):
     if self._logger is not None and self._log_every:
       self._log_window(metrics, counts)
     return metrics
+
+  def stop_peers(self) -> None:
+    """Process 0 of a multi-process learner: the other processes stop
+    before their next update (no-op in one process)."""
+    if self._gate is not None:
+      self._gate.stop(self.num_steps)
+
+  def peers_stopped(self) -> bool:
+    """Whether process 0 has stopped the multi-process learner."""
+    return self._gate is not None and self._gate.stopped()
 
   def _log_window(self, metrics, counts) -> None:
     """Accumulates ``metrics``; at every ``log_every``-th update (global
@@ -324,7 +359,10 @@ class DreamerLearner(core.Learner):
         params = self._state.params
         if name == 'policy':
           params = acting.acting_params(params)     # select, then copy
-        params = jax.tree_util.tree_map(jnp.copy, params)
+        if self._placement.multi_process:   # a host copy: runs nothing on the
+          params = self._placement.host(params)   # devices the peers share
+        else:
+          params = jax.tree_util.tree_map(jnp.copy, params)
         if name == 'policy':
           params = self._placement.put_policy(params)
         cached[name] = params
@@ -334,7 +372,7 @@ class DreamerLearner(core.Learner):
   # -- checkpointing --------------------------------------------------------------
   def save(self) -> learning.TrainingState:
     """The full TrainingState as numpy arrays (host copy)."""
-    return jax.device_get(self._state)
+    return self._placement.host(self._state)
 
   def restore(self, state: learning.TrainingState) -> None:
     """Loads a TrainingState saved by ``save`` (structure, shapes and dtypes

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 from absl import flags
 
 from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config
-from agent.parallel import check_batch_size
+from agent.parallel import check_batch_size, check_processes
 from experiments.envs import suites
 from experiments.layouts.distributed.spec import DistributedConfig, check_actors
 from experiments.run.config import RunConfig, check_max_skipped
@@ -39,7 +39,8 @@ FLAG_NAMES = (
     'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
     'jax_cache_dir', 'learner_devices', 'policy_device', 'max_skipped_updates')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
-                   'lp_terminal', 'stop_grace', 'max_restarts')
+                   'lp_terminal', 'stop_grace', 'max_restarts',
+                   'learner_processes', 'coordinator_address')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
@@ -139,6 +140,15 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'any other dead node restarts the program from its last '
                        'checkpoint up to this many times; 0 stops at the first '
                        'dead node.', **F)
+  flags.DEFINE_integer('learner_processes', 1, '--distributed: learner '
+                       'processes (jax.distributed, gloo collectives on a '
+                       'CPU); the update runs data-parallel over the '
+                       '--learner_devices of all of them, which must be a '
+                       'multiple. Each samples its share of the batch.', **F)
+  flags.DEFINE_string('coordinator_address', '', '--distributed with '
+                      '--learner_processes > 1: host:port of the learner '
+                      "processes' coordination service; default a free port "
+                      'on 127.0.0.1.', **F)
 
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
@@ -175,9 +185,20 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('actor_update_period', lambda x: x is not None and x >= 1, 'must be >= 1')
   v('stop_grace', lambda x: x is not None and x > 0, 'must be > 0 seconds')
   v('max_restarts', lambda x: x is not None and x >= 0, 'must be >= 0')
+  v('learner_processes', lambda x: x is not None and 1 <= x <= 64,
+    'must be in [1, 64]')
+  v('coordinator_address', _address_ok, 'must be HOST:PORT (or empty)')
   v('config_overrides', _overrides_ok,
     'entries must be name=value with a DreamerConfig field name (not one that '
     'has its own flag) and a value of that field\'s type')
+
+
+def _address_ok(value) -> bool:
+  """'' or HOST:PORT with a port in [1, 65535]."""
+  if not value:
+    return True
+  host, sep, port = str(value).rpartition(':')
+  return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
 
 
 def _max_skipped_ok(value) -> bool:
@@ -311,8 +332,14 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
   dist = None
   if fv.distributed:
     check_actors(run.num_envs, fv.num_actors)
+    check_processes(run.learner_devices, fv.learner_processes)
     dist = DistributedConfig(
         num_actors=fv.num_actors, update_period=fv.actor_update_period,
         terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace,
-        max_restarts=fv.max_restarts)
+        max_restarts=fv.max_restarts,
+        learner_processes=fv.learner_processes,
+        coordinator_address=fv.coordinator_address)
+  elif fv.learner_processes != 1:
+    raise ValueError('--learner_processes needs --distributed (the learner '
+                     'processes are nodes of the Launchpad program)')
   return run, config, dist

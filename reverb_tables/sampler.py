@@ -71,13 +71,17 @@ class ReplaySampler:
     seed: unused for item selection (Reverb's Uniform selector is server-side
       and unseedable; module doc and docs/deviations.md "Replay").
     step_spec: per-step spec; read from the ``uniform`` signature if omitted.
+    take_online: whether this sampler pops the online queue (spec 5.4). Of
+      several learner processes only one does: a queue item popped by
+      another process between the size check and the pop would leave this
+      one blocked on the empty queue (Reverb's pop cannot time out).
   """
 
   def __init__(self, client: reverb.Client, config: ReplayConfig,
                latent_store: Optional[LatentStore] = None,
                seed: Optional[int] = None, step_spec: Any = None, *,
                uniform_table: str = UNIFORM_TABLE,
-               online_table: str = ONLINE_TABLE):
+               online_table: str = ONLINE_TABLE, take_online: bool = True):
     config = ReplayConfig.of(config)
     self._client = client
     self._config = config
@@ -85,6 +89,7 @@ class ReplaySampler:
     self.seed = config.seed if seed is None else seed
     self._uniform_table = uniform_table
     self._online_table = online_table
+    self._take_online = bool(take_online)
     if step_spec is None:                   # the layout the tables store
       self._layout = step_layout_from_server(client, uniform_table)
     else:
@@ -105,7 +110,7 @@ class ReplaySampler:
     """Online rows first (non-blocking), then uniform rows (spec 5.3, 5.4)."""
     batch_size = batch_size or self._config.batch_size
     rows: List[list] = []
-    if self._config.online_queue:
+    if self._config.online_queue and self._take_online:
       num_online = min(batch_size, self.online_size())
       if num_online:
         rows += self._sample(self._online_table, num_online)

@@ -186,7 +186,7 @@ class _BlockingSampler:
   def __init__(self):
     self.release = threading.Event()
 
-  def sample_train(self):
+  def sample_train(self, batch_size=None):
     self.release.wait()
     return {'step_id': np.zeros((1, 2, 2), np.int64),
             'latent': {'deter': np.zeros((1, 2, 3)),

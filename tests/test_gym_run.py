@@ -175,6 +175,9 @@ def test_train_entry_point_with_an_env_factory(tmp_path, jax_cache_dir):
   assert 'suite custom' in text and '--task=' not in text
   evals = [r for r in _rows(logdir / 'metrics.jsonl') if r['kind'] == 'eval']
   assert evals and evals[-1]['eval/score_mean'] == 6.0   # 6 steps of reward 1
+  again = run_dmc.train(_toy_factory, **kwargs)          # finished: resumes, no work
+  assert (again['env_steps'], again['updates']) == (summary['env_steps'],
+                                                    summary['updates'])
 
 
 @pytest.mark.slow

@@ -80,6 +80,72 @@ def test_two_device_update_equals_one_device_update():
   assert 'OK' in out, out
 
 
+_UPDATE_SCRIPT = '''
+import sys, agent, jax, numpy as np
+from agent import learning, networks, synthetic
+from agent.config import make_config
+from agent.parallel import LearnerPlacement, initialize_processes
+procs, pid, addr, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+initialize_processes(addr, procs, pid)
+c = make_config(size='tiny', batch_size=4, batch_length=8, imag_horizon=4,
+                latent_store_dtype='float32', lr=1e-3)
+spaces = synthetic.WALKER_SPACES
+nets = networks.make_networks(spaces, c)
+batch = synthetic.make_batch(spaces, c, seed=1, episode_len=5)
+place = LearnerPlacement(procs)
+rows = place.local_batch_size(c.batch_size)
+mine = jax.tree_util.tree_map(lambda x: x[pid * rows:(pid + 1) * rows], batch)
+step = learning.make_train_step(nets, placement=place)
+state = place.put_state(place.host(step.init(jax.random.PRNGKey(0))))
+for _ in range(2):        # the first is the warmup no-op of spec 6.4
+  state, metrics, outs = step.update(state, place.put_batch(mine))
+outs = place.gather_rows(outs)
+metrics, state = place.host(metrics), place.host(state)
+if pid == 0:
+  flat = {jax.tree_util.keystr(p): v for p, v in
+          jax.tree_util.tree_leaves_with_path(state.params)}
+  np.savez(out, **{'m:' + k: v for k, v in metrics.items()},
+           **{'o:' + k: v for k, v in outs.items()},
+           **{'p:' + k: v for k, v in flat.items()}, step=int(state.step))
+print('OK', pid, jax.process_count(), len(jax.devices()))
+'''
+
+
+@pytest.mark.slow
+def test_two_process_update_equals_one_process_update(tmp_path):
+  """The same update as the test above, split over two PROCESSES with one
+  CPU device each (jax.distributed on 127.0.0.1, gloo collectives): each
+  process puts its own 2 rows, ``put_batch`` assembles the global batch,
+  and the gradients are reduced over TCP. Against one process with one
+  device: the tolerances of the 2-device test (the same reduction-order
+  argument), plus the write-back latents gathered to every process."""
+  import portpicker
+  script = tmp_path / 'update.py'
+  script.write_text(_UPDATE_SCRIPT)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  env.pop('XLA_FLAGS', None)
+  addr = f'127.0.0.1:{portpicker.pick_unused_port()}'
+  outs = {n: tmp_path / f'{n}.npz' for n in (1, 2)}
+  procs = [subprocess.Popen(
+      [sys.executable, str(script), str(n), str(pid), addr, str(outs[n])],
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for n, pid in ((2, 0), (2, 1), (1, 0))]
+  for proc in procs:
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-5000:]
+    assert 'OK' in stdout
+  one, two = np.load(outs[1]), np.load(outs[2])
+  assert int(one['step']) == int(two['step']) == 2
+  assert sorted(one.files) == sorted(two.files)
+  for k in one.files:
+    if k.startswith('m:'):
+      np.testing.assert_allclose(two[k], one[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    elif k.startswith('o:'):
+      np.testing.assert_allclose(two[k], one[k], rtol=1e-4, atol=1e-4, err_msg=k)
+    elif k.startswith('p:'):
+      np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-6, err_msg=k)
+
+
 @pytest.mark.slow
 def test_run_with_two_learner_devices_trains_and_resumes_on_one(tmp_path):
   """smoke.flags with --learner_devices=2 (the rows of every batch split over
@@ -113,3 +179,58 @@ def test_run_with_two_learner_devices_trains_and_resumes_on_one(tmp_path):
   bad = subprocess.run(base + ['--learner_devices=3'], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode == 2 and '--learner_devices 3' in bad.stderr
+
+
+@pytest.mark.slow
+def test_two_learner_processes_train_resume_and_stop_together(tmp_path):
+  """--distributed --learner_processes=2: two learner processes on
+  127.0.0.1 (jax.distributed, gloo), one CPU device each, run every update
+  together (agent.parallel.UpdateGate), each sampling half the batch. The
+  run reaches its budget, resumes with both processes (the peer loads the
+  same checkpoint), stops without Launchpad having to kill a learner (jax's
+  SIGTERM notifier is undone), and resumes again with one process."""
+  logdir = tmp_path / 'run'
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
+  env.pop('XLA_FLAGS', None)
+  base = [sys.executable, os.path.join(REPO, 'experiments', 'run_dmc.py'),
+          f'--flagfile={os.path.join(REPO, "experiments", "flags", "smoke.flags")}',
+          f'--logdir={logdir}', '--eval_episodes=0', '--noreport',
+          '--jax_cache_dir=off', '--distributed', '--num_actors=1',
+          '--stop_grace=20', '--max_restarts=0']
+  two = ['--learner_processes=2', '--learner_devices=2']
+
+  def launch(extra, steps):
+    proc = subprocess.run(base + extra + [f'--env_steps={steps}'], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    out = proc.stdout + proc.stderr
+    assert 'did not terminate in time' not in out, out[-3000:]
+    return out
+
+  def peer_updates(segment):
+    text = (logdir / 'lp_logs' / f'segment-{segment}' / 'learner' / '1'
+            ).read_text()
+    return int(text.split('[learner 1] stopped after ')[1].split()[0])
+
+  def updates():
+    rows = [json.loads(line) for line in open(logdir / 'metrics.jsonl')]
+    return max(r['updates'] for r in rows if r['kind'] == 'train')
+
+  launch(two, 300)
+  first = updates()
+  assert first > 0 and peer_updates(0) == first
+  launch(two, 400)
+  second = updates()
+  assert second > first and peer_updates(1) == second - first
+  launch(['--learner_processes=1', '--learner_devices=1'], 500)
+  assert updates() > second
+  for bad, word in ((['--learner_processes=2', '--learner_devices=1'],
+                     '--learner_devices 1 must be a multiple of '
+                     '--learner_processes 2'),
+                    (['--learner_processes=2', '--nodistributed'],
+                     '--learner_processes needs --distributed'),
+                    (['--coordinator_address=nohost'],
+                     '--coordinator_address must be HOST:PORT')):
+    proc = subprocess.run(base + bad, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and word in proc.stderr, proc.stderr[-2000:]

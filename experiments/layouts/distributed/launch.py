@@ -94,9 +94,14 @@ def prepare(run: RunConfig, config, dist: DistributedConfig):
   spaces = env.spaces
   env.close()
   segment = state['segment'] + 1 if state else 0
+  coordinator = dist.coordinator_address
+  if dist.learner_processes > 1 and not coordinator:
+    import portpicker   # Launchpad's own port picker
+    coordinator = f'127.0.0.1:{portpicker.pick_unused_port()}'
   spec = ProgramSpec(run=run, config=config, dist=dist, spaces=spaces,
                      launch_dir=tempfile.mkdtemp(prefix='dreamer-lp-'),
-                     segment=segment, resume=latest, run_state=state)
+                     segment=segment, resume=latest, run_state=state,
+                     coordinator_address=coordinator)
   if latest:
     log(f'[run] resuming from {latest} (segment {segment}, '
         f'{state["counts"].get("env_steps", 0)} env steps, '

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
+from agent import parallel
 from agent.learner import StopRequested
 from experiments.layouts.distributed.node_utils import (
     SyncedCounter, lp_hooks, record_error, touch, wait_for_replay)
@@ -34,6 +35,10 @@ class LearnerNode:
 
   def __init__(self, spec: ProgramSpec, replay, counter, actors: Sequence[Any],
                evaluator=None):
+    # Process 0 of a multi-process learner (before anything touches jax's
+    # devices); the others are ``learner_peer.LearnerPeerNode``s.
+    parallel.initialize_processes(spec.coordinator_address,
+                                  spec.dist.learner_processes, 0)
     import jax
 
     from agent.builder import seed_keys
@@ -60,7 +65,7 @@ class LearnerNode:
     self._counter = SyncedCounter(counter, time_delta=spec.dist.counter_sync_s)
     self._learner = builder.make_learner(
         seed_keys(spec.config.seed)['learner'], builder.make_networks(),
-        self._dataset, replay, self._counter)
+        self._dataset, replay, self._counter, should_stop=self._should_stop)
     self._base_updates, self._wall0 = 0, 0.0
     self._next_log = next_multiple(int(spec.counts.get('env_steps', 0)),
                                    spec.run.log_every)
@@ -134,20 +139,23 @@ class LearnerNode:
   def _loop(self) -> None:
     last_ckpt = time.perf_counter()
     self._mark = self._tally()
-    while not self._should_stop():
-      try:
-        # train_ratio bounds the learner here: step() takes its batch from
-        # the dataset, whose Reverb sample blocks while the uniform table's
-        # SampleToInsertRatio limiter (builder.make_replay_tables, 'ratio')
-        # says the actors have not inserted enough for train_ratio.
-        self._health.observe(self._learner.step())
-      except StopRequested:
-        break
-      self._publish()
-      self._periodic()
-      if time.perf_counter() - last_ckpt >= self._spec.run.checkpoint_every:
-        self._save_checkpoint()
-        last_ckpt = time.perf_counter()
+    try:
+      while not self._should_stop():
+        try:
+          # train_ratio bounds the learner here: step() takes its batch from
+          # the dataset, whose Reverb sample blocks while the uniform table's
+          # SampleToInsertRatio limiter (builder.make_replay_tables, 'ratio')
+          # says the actors have not inserted enough for train_ratio.
+          self._health.observe(self._learner.step())
+        except StopRequested:
+          break
+        self._publish()
+        self._periodic()
+        if time.perf_counter() - last_ckpt >= self._spec.run.checkpoint_every:
+          self._save_checkpoint()
+          last_ckpt = time.perf_counter()
+    finally:
+      self._learner.stop_peers()      # other learner processes stop too
 
   def _periodic(self) -> None:
     now = time.perf_counter()

@@ -10,6 +10,9 @@ r"""DreamerV3 as a Launchpad program (``local_mp``), in Acme's distributed layou
   learner    ``lp.CourierNode``: the builder's ``DreamerLearner`` over the
              builder's dataset (one batch ahead, spec 6.3b), the variable
              source of the actors; writes metrics rows and checkpoints.
+             With ``--learner_processes`` P > 1, P - 1 more nodes in this
+             group (``learner_peer.py``) run each update with it over
+             ``jax.distributed``, each sampling B / P rows.
   actor      ``num_actors`` x ``lp.CourierNode`` running an
              ``acme.EnvironmentLoop`` (``experiments.run.env_loop``) with the
              builder's actor over ``num_envs / num_actors`` envs.
@@ -24,7 +27,7 @@ ends with a final checkpoint and evaluation rather than a bare ``lp.stop()``;
 resume (``experiments.run.rundir``, the same run directory as one process).
 
 Files: spec.py (what every node is given), node_utils.py, learner.py,
-actor.py and evaluator.py (the worker nodes), this file (replay, counter and
+learner_peer.py, actor.py and evaluator.py (the worker nodes), this file (replay, counter and
 limiter nodes, the program), launch.py (validate, launch, restart, report),
 supervisor.py (restarts of dead nodes, issue 22), lp_init.py (per-process
 set-up).
@@ -64,6 +67,7 @@ from experiments.layouts.distributed import lp_init
 from experiments.layouts.distributed.actor import ActorNode
 from experiments.layouts.distributed.evaluator import EvaluatorNode
 from experiments.layouts.distributed.learner import LearnerNode
+from experiments.layouts.distributed.learner_peer import LearnerPeerNode
 from experiments.layouts.distributed.node_utils import (
     call_until, lp_hooks, run_guarded)
 from experiments.layouts.distributed.spec import (
@@ -199,6 +203,8 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
   learner_node.configure(spec, replay, counter, actors, evaluator)
   with program.group('learner'):
     program.add_node(learner_node)
+    for k in range(1, dist.learner_processes):   # multi-process learner
+      program.add_node(lp.CourierNode(LearnerPeerNode, spec, k, replay))
   with program.group('actor'):
     for node in actor_nodes:
       program.add_node(node)

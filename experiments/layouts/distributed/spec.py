@@ -14,6 +14,7 @@ import time
 from typing import Any, Dict, Optional
 
 from agent.config import DreamerConfig
+from agent.parallel import check_processes
 from agent.types import EnvSpaces
 from experiments.run.config import RunConfig
 
@@ -69,6 +70,11 @@ class DistributedConfig:
   max_restarts: in-place restarts of each actor / evaluator node, and
     restarts of the whole program from its last checkpoint after any other
     node died (issue 22); 0 stops the run at the first dead node.
+  learner_processes: processes of the learner (``jax.distributed``, one per
+    host in a multi-host run; here all on this machine): the update runs
+    data-parallel over all their devices (``agent.parallel``).
+  coordinator_address: ``host:port`` of the learner processes' coordination
+    service (process 0); '' picks a free port on 127.0.0.1 at each launch.
   """
   num_actors: int = 2
   update_period: int = 1
@@ -79,6 +85,8 @@ class DistributedConfig:
   rpc_timeout_s: float = 60.0
   terminal: str = 'output_to_files'
   max_restarts: int = 3
+  learner_processes: int = 1
+  coordinator_address: str = ''
 
   def __post_init__(self):
     if self.num_actors < 1:
@@ -92,6 +100,9 @@ class DistributedConfig:
       raise ValueError(f'--stop_grace must be > 0 seconds, got {self.stop_grace_s}')
     if self.max_restarts < 0:
       raise ValueError(f'--max_restarts must be >= 0, got {self.max_restarts}')
+    if self.learner_processes < 1:
+      raise ValueError(f'--learner_processes must be >= 1, got '
+                       f'{self.learner_processes}')
     if self.terminal not in TERMINALS:
       raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
                        f'{self.terminal!r}')
@@ -116,7 +127,9 @@ class ProgramSpec:
   run_state: the ``run_state.json`` of the checkpoint resumed from (or None);
   resume: that checkpoint's path; segment: resume count (env seeds move with
   it, as in the single-process run); launch_dir: a per-launch scratch folder
-  (marker files, errors, summary).
+  (marker files, errors, summary); coordinator_address: this launch's
+  address of the learner processes' coordination service (a fresh port at
+  each launch unless ``--coordinator_address`` names one).
   """
   run: RunConfig
   config: DreamerConfig
@@ -126,9 +139,11 @@ class ProgramSpec:
   segment: int = 0
   resume: Optional[str] = None
   run_state: Optional[Dict[str, Any]] = None
+  coordinator_address: str = ''
 
   def __post_init__(self):
     check_actors(self.run.num_envs, self.dist.num_actors)
+    check_processes(self.run.learner_devices, self.dist.learner_processes)
 
   @property
   def envs_per_actor(self) -> int:
