@@ -306,6 +306,29 @@ def test_config_overrides_are_type_checked_before_anything_is_written(
   assert isinstance(ok['lr'], float) and isinstance(ok['warmup'], int)
 
 
+def test_learner_process_flags_are_checked(tmp_path):
+  """--learner_processes / --coordinator_address (issue 21): checked at flag
+  parsing or in configs_from_flags, before anything is written."""
+  with pytest.raises(flags.IllegalFlagValueError, match='--coordinator_address'):
+    _parse(f'--logdir={tmp_path}', '--coordinator_address=nohost')
+  with pytest.raises(flags.IllegalFlagValueError, match='--learner_processes'):
+    _parse(f'--logdir={tmp_path}', '--learner_processes=0')
+  base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
+  with pytest.raises(ValueError, match='--learner_processes needs --distributed'):
+    options.configs_from_flags(_parse(*base, '--learner_processes=2',
+                                      '--learner_devices=2'))
+  with pytest.raises(ValueError, match='--learner_devices 1 must be a multiple '
+                     'of --learner_processes 2'):
+    options.configs_from_flags(_parse(*base, '--distributed',
+                                      '--learner_processes=2'))
+  _, _, dist = options.configs_from_flags(_parse(
+      *base, '--distributed', '--learner_processes=2', '--learner_devices=2',
+      '--coordinator_address=10.0.0.1:1234'))
+  assert dist.learner_processes == 2
+  assert dist.coordinator_address == '10.0.0.1:1234'
+  assert not (tmp_path / 'r').exists()
+
+
 def test_bad_enum_and_missing_logdir():
   with pytest.raises(flags.IllegalFlagValueError, match='eval_policy'):
     _parse('--logdir=/tmp/x', '--eval_policy=greedy')
