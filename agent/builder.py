@@ -152,11 +152,15 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     """Training batches (5.3), one ahead (6.3b), with write-back latents
     (5.8, 5.9) overlaid after the previous update's write-back."""
     store = LatentStore(self.config, self.num_envs)
-    # Of several learner processes only process 0 pops the online queue.
-    sampler = ReplaySampler(replay_client, self.config, None,
-                            seed=self.config.seed, step_spec=self.step_spec,
-                            take_online=self.placement.process_index == 0)
+    # Of several learner processes only process 0 pops the online queue,
+    # and it counts the others' rows too (the learner's row counts).
     place = self.placement
+    rows = place.local_batch_size(self.config.batch_size)
+    first = place.process_index == 0
+    sampler = ReplaySampler(
+        replay_client, self.config, None, seed=self.config.seed,
+        step_spec=self.step_spec, take_online=first,
+        peer_uniform_rows=(place.processes - 1) * rows if first else 0)
     put = None
     device = jax.local_devices()[0]
     if self._device_prefetch and device.platform != 'cpu':
@@ -165,8 +169,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
       put = place.put_batch
     return ReplayIterator(sampler, store, prefetch=self._prefetch,
                           should_stop=should_stop, on_wait=on_wait, put=put,
-                          batch_size=place.local_batch_size(
-                              self.config.batch_size))
+                          batch_size=rows)
 
   def make_train_schedule(self) -> TrainSchedule:
     """The spec 6.1 / 6.2 schedule of one process: updates due after each

@@ -75,13 +75,18 @@ class ReplaySampler:
       several learner processes only one does: a queue item popped by
       another process between the size check and the pop would leave this
       one blocked on the empty queue (Reverb's pop cannot time out).
+    peer_uniform_rows: uniform rows the other learner processes draw along
+      with each batch of this one (they sample in step with it); counted in
+      ``num_uniform_rows`` so the row counts, and the spec 6.1 ratio made
+      from them, are the whole learner's.
   """
 
   def __init__(self, client: reverb.Client, config: ReplayConfig,
                latent_store: Optional[LatentStore] = None,
                seed: Optional[int] = None, step_spec: Any = None, *,
                uniform_table: str = UNIFORM_TABLE,
-               online_table: str = ONLINE_TABLE, take_online: bool = True):
+               online_table: str = ONLINE_TABLE, take_online: bool = True,
+               peer_uniform_rows: int = 0):
     config = ReplayConfig.of(config)
     self._client = client
     self._config = config
@@ -90,6 +95,7 @@ class ReplaySampler:
     self._uniform_table = uniform_table
     self._online_table = online_table
     self._take_online = bool(take_online)
+    self._peer_rows = int(peer_uniform_rows)
     if step_spec is None:                   # the layout the tables store
       self._layout = step_layout_from_server(client, uniform_table)
     else:
@@ -119,6 +125,7 @@ class ReplaySampler:
     if num_uniform:
       rows += self._sample(self._uniform_table, num_uniform)
       self.num_uniform_rows += num_uniform
+    self.num_uniform_rows += self._peer_rows
     return self._assemble(rows)
 
   def sample_report(self, batch_size: Optional[int] = None) -> Dict[str, Any]:
