@@ -24,7 +24,7 @@ spans every process's devices, ``learner_devices / processes`` from each.
 Each process samples its share of the batch (``local_batch_size`` rows) and
 ``put_batch`` assembles the global batch from the processes' rows
 (``jax.make_array_from_process_local_data``): the same update, partitioned
-over hosts. Every process must run each update together, so ``UpdateGate``
+over hosts (spec 4.3: the gradient is the mean over the data axis). Every process must run each update together, so ``UpdateGate``
 holds them in step over the coordination service's key-value store (a
 collective that one process enters while another still waits on Reverb
 would time out: gloo gives up after 30 s).
@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextvars
 import signal
 import threading
+import time
 from typing import Any, Callable, Optional
 
 import jax
@@ -161,11 +162,14 @@ class UpdateGate:
 
   def _get(self, key: str, should_stop: Callable[[], bool]) -> Optional[str]:
     while True:
+      t0 = time.monotonic()
       try:
         return self._client.blocking_key_value_get(key, self._poll_ms)
       except Exception:  # noqa: BLE001  (timed out: check the stop, wait on)
         if should_stop():
           return None
+        # A service that is gone fails at once: do not spin on it.
+        time.sleep(max(0.0, self._poll_ms / 1000 - (time.monotonic() - t0)))
 
   def enter(self, n: int, should_stop: Callable[[], bool]) -> bool:
     """Called with update ``n``'s batch in hand; True: run the update
