@@ -166,6 +166,18 @@ def test_online_queue_starts_and_train_pops_first(replay_factory):
   third = replay.sampler.sample_train()      # empty queue: uniform, no block
   assert third['step_id'].shape == (4, 65, 2)
   assert replay.sampler.num_online_rows == 6
+  # Process k >= 1 of a multi-process learner never pops the queue; process
+  # 0 counts the rows the others draw with each of its batches (issue 21).
+  replay.add_steps(65)
+  assert replay.size(ONLINE_TABLE) == 2
+  peer = ReplaySampler(replay.client, config, None, take_online=False)
+  assert peer.sample_train(2)['step_id'].shape == (2, 65, 2)
+  assert replay.size(ONLINE_TABLE) == 2 and peer.num_online_rows == 0
+  first_of_two = ReplaySampler(replay.client, config, None,
+                               peer_uniform_rows=2)
+  first_of_two.sample_train(2)               # its 2 online rows + 2 of the peer
+  assert (first_of_two.num_online_rows, first_of_two.num_uniform_rows) == (2, 2)
+  assert replay.size(ONLINE_TABLE) == 0
 
 
 # --- spec 5.3 annotation ----------------------------------------------------------
