@@ -74,6 +74,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     learner_devices: devices the update runs data-parallel over
       (``agent.parallel.LearnerPlacement``; batch_size must be a multiple).
     policy_device: index of the device that serves acting params.
+    join_workers: env workers reserved after the N for remote actors that
+      join a running program (one more latent-store ring each, spec 5.9).
   """
 
   def __init__(self, config: DreamerConfig, spaces: EnvSpaces, *,
@@ -81,9 +83,12 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
                chunk_length: Optional[int] = None, eval_policy: str = 'sample',
                prefetch: bool = True, device_prefetch: bool = True,
                learner_logger_fn=lambda: None, learner_log_every: int = 0,
-               learner_devices: int = 1, policy_device: int = 0):
+               learner_devices: int = 1, policy_device: int = 0,
+               join_workers: int = 0):
     if num_envs < 1:
       raise ValueError(f'num_envs must be >= 1, got {num_envs}')
+    if join_workers < 0:
+      raise ValueError(f'join_workers must be >= 0, got {join_workers}')
     check_batch_size(config.batch_size, learner_devices)
     self.config = config
     self.spaces = spaces
@@ -98,6 +103,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     self._learner_devices = int(learner_devices)
     self._policy_device = int(policy_device)
     self._placement: Optional[LearnerPlacement] = None
+    self.join_workers = int(join_workers)
     self.step_spec = step_spec(spaces, config)
 
   @property
@@ -151,7 +157,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
                             on_wait=None) -> ReplayIterator:
     """Training batches (5.3), one ahead (6.3b), with write-back latents
     (5.8, 5.9) overlaid after the previous update's write-back."""
-    store = LatentStore(self.config, self.num_envs)
+    store = LatentStore(self.config, self.num_envs + self.join_workers)
     # Of several learner processes only process 0 pops the online queue,
     # and it counts the others' rows too (the learner's row counts).
     place = self.placement

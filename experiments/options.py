@@ -40,7 +40,10 @@ FLAG_NAMES = (
     'jax_cache_dir', 'learner_devices', 'policy_device', 'max_skipped_updates')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace', 'max_restarts',
-                   'learner_processes', 'coordinator_address')
+                   'learner_processes', 'coordinator_address', 'join_slots',
+                   'join_port', 'bind', 'join_lease')
+# The flags of a remote actor (``--join``): everything else is the program's.
+JOIN_FLAG_NAMES = ('distributed', 'join', 'num_envs')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
@@ -149,6 +152,24 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       '--learner_processes > 1: host:port of the learner '
                       "processes' coordination service; default a free port "
                       'on 127.0.0.1.', **F)
+  flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
+                       'for remote actors that join the running program '
+                       '(--join); 0: none can join.', **F)
+  flags.DEFINE_integer('join_port', 0, "--distributed: the learner's port, "
+                       'where remote actors join; 0: a free one at each '
+                       'launch (see <logdir>/join.json).', **F)
+  flags.DEFINE_string('bind', '', '--distributed: the host remote actors '
+                      "reach this program at ('' localhost; 0.0.0.0 this "
+                      "machine's first non-loopback IPv4 address), written to "
+                      '<logdir>/join.json. The servers listen on every '
+                      'interface regardless.', **F)
+  flags.DEFINE_float('join_lease', 60.0, '--distributed: seconds without a '
+                     "heartbeat after which a remote actor's join slots are "
+                     'freed (it died or lost the network).', **F)
+  flags.DEFINE_string('join', '', 'HOST:PORT of a running --distributed '
+                      "program's learner (its <logdir>/join.json): act for it "
+                      'with --num_envs envs on this host, with its settings '
+                      '(experiments/layouts/distributed/join.py).', **F)
 
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
@@ -162,7 +183,6 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('env_steps', lambda x: x is not None and x > 0, 'must be > 0')
   v('seed', lambda x: x is not None and 0 <= x < MAX_SEED,
     f'must be in [0, {MAX_SEED})')
-  v('logdir', lambda x: bool(x), 'is required (the run directory)')
   v('eval_every', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('eval_episodes', lambda x: x is not None and 0 <= x <= 1000,
     'must be in [0, 1000]')
@@ -188,6 +208,15 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('learner_processes', lambda x: x is not None and 1 <= x <= 64,
     'must be in [1, 64]')
   v('coordinator_address', _address_ok, 'must be HOST:PORT (or empty)')
+  v('join', _address_ok, 'must be HOST:PORT (or empty)')
+  v('join_slots', lambda x: x is not None and 0 <= x <= 1000,
+    'must be in [0, 1000]')
+  v('join_lease', lambda x: x is not None and x > 0, 'must be > 0 seconds')
+  v('join_port', lambda x: x is not None and 0 <= x <= 65535,
+    'must be in [0, 65535]')
+  flags.register_multi_flags_validator(
+      ['logdir', 'join'], lambda d: bool(d['logdir'] or d['join']),
+      message='--logdir is required (the run directory)', flag_values=fv)
   v('config_overrides', _overrides_ok,
     'entries must be name=value with a DreamerConfig field name (not one that '
     'has its own flag) and a value of that field\'s type')
@@ -296,6 +325,23 @@ def jax_cache_dir(fv: flags.FlagValues, logdir: str) -> Optional[str]:
                                                                   'jax_cache')))
 
 
+def join_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
+  """(address, num_envs) of a remote actor (``--join``); ValueError naming
+  any other flag that was set: a remote actor runs the program's settings."""
+  others = sorted(name for name in fv if fv[name].present and
+                  name in FLAG_NAMES + DIST_FLAG_NAMES and
+                  name not in JOIN_FLAG_NAMES)
+  if others:
+    raise ValueError(
+        f'--join takes the running program\'s settings; these flags are not '
+        f'a remote actor\'s: {", ".join("--" + n for n in others)} (pass only '
+        '--distributed --join=HOST:PORT --num_envs=N)')
+  if not fv.distributed:
+    raise ValueError('--join needs --distributed (it joins a Launchpad '
+                     'program)')
+  return fv.join, fv.num_envs
+
+
 def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
                        ) -> Tuple[RunConfig, DreamerConfig,
                                   Optional[DistributedConfig]]:
@@ -338,8 +384,13 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
         terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace,
         max_restarts=fv.max_restarts,
         learner_processes=fv.learner_processes,
-        coordinator_address=fv.coordinator_address)
+        coordinator_address=fv.coordinator_address,
+        join_slots=fv.join_slots, join_port=fv.join_port, bind=fv.bind,
+        join_lease_s=fv.join_lease)
   elif fv.learner_processes != 1:
     raise ValueError('--learner_processes needs --distributed (the learner '
                      'processes are nodes of the Launchpad program)')
+  elif fv.join_slots or fv.join_port or fv.bind:
+    raise ValueError('--join_slots, --join_port and --bind need --distributed '
+                     '(remote actors join a Launchpad program)')
   return run, config, dist

@@ -5,10 +5,13 @@ r"""Train DreamerV3: the one command line, both layouts, every suite.
       --task=walker_walk --seed=1 --logdir=runs/walker_walk/1
   python experiments/run_dmc.py --flagfile=... --distributed --num_actors=4
   python experiments/run_dmc.py --suite=gym --task=CartPole-v1 ...
+  python experiments/run_dmc.py --distributed --join=HOST:PORT --num_envs=4
 
 Without --distributed the run is one process (experiments/layouts/local.py:
 acme's EnvironmentLoop, Algorithm K); with it, a Launchpad program
-(experiments/layouts/distributed/). Flags and their checks:
+(experiments/layouts/distributed/); with --join, a remote actor of such a
+program running elsewhere (experiments/layouts/distributed/join.py). Flags
+and their checks:
 experiments/options.py. ``train(env_factory, ...)`` below runs your own
 environment with the same flags.
 
@@ -39,7 +42,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 from experiments import options  # noqa: E402
 from experiments.layouts import local  # noqa: E402
-from experiments.layouts.distributed import launch  # noqa: E402
+from experiments.layouts.distributed import join, launch  # noqa: E402
 from experiments.run import rundir  # noqa: E402
 from experiments.run.config import RunConfig  # noqa: E402
 from experiments.tools import report  # noqa: E402
@@ -127,6 +130,17 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
 def main(argv) -> int:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if flags.FLAGS.join:      # a remote actor of a running program
+    try:
+      address, num_envs = options.join_args_from_flags(flags.FLAGS)
+      join.main(address, num_envs)
+    except ValueError as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 2
+    except RuntimeError as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 3
+    return 0
   try:
     run, config, dist = options.configs_from_flags(flags.FLAGS)
     go = start(run, config, dist)

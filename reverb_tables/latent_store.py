@@ -9,10 +9,14 @@ Reverb (spec 5.7).
 
 Layout: per-worker rings [num_workers, cap] indexed by ``index % cap``, plus a
 stored-id array so a lookup only hits a slot that really holds that step.
-``cap`` defaults to ceil(replay_capacity / num_workers) + seq_len, i.e. the
-steps of one worker a full replay can reference (spec 5.1 capacity). Arrays
-grow on demand (doubling) up to ``cap``, so memory follows the data actually
-seen (250K DMC steps at size12m: ~1 GB), not the 5e6 capacity.
+``cap`` defaults to ``ring_capacity``: ceil(replay_capacity / num_workers) +
+seq_len, i.e. the steps of one worker a full replay can reference (spec 5.1
+capacity). Arrays grow on demand (doubling) up to ``cap`` as the slots in use
+(``index % cap``) reach further, so memory follows the data actually seen
+(250K DMC steps at size12m: ~1 GB), not the 5e6 capacity. A worker whose step
+ids jump ahead by a multiple of ``cap`` (``id_jump``: an actor restarted in
+place, a joined remote actor) starts again at slot 0 and allocates nothing
+new.
 
 Write-backs for steps that the ring has already recycled are skipped, like the
 reference skips rows whose chunk was evicted (spec 5.6). Stored values use the
@@ -34,6 +38,23 @@ from reverb_tables.config import ReplayConfig, latent_store_np_dtype
 _MIN_ALLOC = 1024
 
 
+def ring_capacity(config: ReplayConfig, num_workers: int) -> int:
+  """Default ring size per worker (module doc): the steps of one worker that
+  a full replay can reference (spec 5.1 capacity), plus one sequence."""
+  config = ReplayConfig.of(config)
+  return math.ceil(config.replay_capacity / int(num_workers)) + config.seq_len
+
+
+def id_jump(config: ReplayConfig, num_workers: int, at_least: int) -> int:
+  """The smallest step-id jump >= ``at_least`` that is a multiple of both
+  ``seq_len`` (the online queue keeps its phase, spec 5.4) and the ring size
+  (the jumped worker restarts at slot 0, so the store allocates nothing new):
+  how far a worker's step ids move when a new process takes it over."""
+  config = ReplayConfig.of(config)
+  unit = math.lcm(ring_capacity(config, num_workers), config.seq_len)
+  return max(1, -(-int(at_least) // unit)) * unit
+
+
 class LatentStore:
   """Freshest packed latents per step id (spec 5.8, 5.9).
 
@@ -51,8 +72,7 @@ class LatentStore:
       raise ValueError(f'num_workers must be positive, got {num_workers}')
     self._num_workers = int(num_workers)
     if per_worker_capacity is None:
-      per_worker_capacity = (math.ceil(config.replay_capacity / num_workers)
-                             + config.seq_len)
+      per_worker_capacity = ring_capacity(config, num_workers)
     if per_worker_capacity <= 0:
       raise ValueError('per_worker_capacity must be positive')
     self._cap = int(per_worker_capacity)
@@ -119,8 +139,8 @@ class LatentStore:
     if not len(ids):
       return 0
     worker, index = ids[:, 0], ids[:, 1]
-    self._grow(int(index.max()) + 1)
     slot = index % self._cap
+    self._grow(int(slot.max()) + 1)
     # Skip steps whose slot already holds a newer step (recycled, spec 5.6).
     keep = self._ids[worker, slot] <= index
     worker, index, slot = worker[keep], index[keep], slot[keep]

@@ -21,6 +21,9 @@ from experiments.layouts.distributed.spec import ProgramSpec, node_restart
 from experiments.run import env_loop, rundir
 from experiments.run.config import log, segment_seed
 
+# Policy-stream index of join claim c: JOIN_STREAM + c (actor ids stay below).
+JOIN_STREAM = 1 << 16
+
 
 class ActorNode:
   """One actor process: ``acme.EnvironmentLoop`` + ``DreamerActor``.
@@ -34,15 +37,13 @@ class ActorNode:
   """
 
   def __init__(self, spec: ProgramSpec, actor_id: int, replay, learner,
-               counter):
+               counter, ticket: Optional[Dict[str, Any]] = None):
     import jax
 
     from agent.builder import seed_keys
 
     self._spec, run, c = spec, spec.run, spec.config
-    self._id, self._n = int(actor_id), spec.envs_per_actor
-    self._offset = self._id * self._n
-    self._name = f'actor/{self._id}'
+    self._id = int(actor_id)
     self._stop_event, self._stopper = lp_hooks()
     self._halt, self._pause = threading.Event(), threading.Event()
     self._paused = threading.Event()
@@ -52,14 +53,25 @@ class ActorNode:
     # 22): new env seeds, a new policy stream and step ids past any the
     # dead process can have used.
     self._restart = node_restart()
-    self.env = run.make_env(
-        self._n, segment_seed(c.seed, spec.segment, restart=self._restart),
-        self._offset)
+    # A remote actor (``join.py``) acts on the join slots of its ticket:
+    # env seeds and policy stream of its claim, step ids from its base.
+    if ticket is None:
+      self._n = spec.envs_per_actor
+      self._offset, self._name = self._id * self._n, f'actor/{self._id}'
+      seed = segment_seed(c.seed, spec.segment, restart=self._restart)
+    else:
+      self._n, self._offset = int(ticket['num_envs']), int(ticket['offset'])
+      self._name = f'join/{ticket["claim"]}'
+      seed = segment_seed(c.seed, spec.segment, restart=1 + ticket['claim'])
+    self.env = run.make_env(self._n, seed, self._offset)
     builder = spec.builder(device_prefetch=False)
     wait_for_replay(replay, self._stop_event.is_set)
     self.adder = builder.make_adder(replay, num_workers=self._n,
                                     worker_offset=self._offset)
-    if spec.resume:      # step ids continue; item counts per actor
+    if ticket is not None:
+      self.adder.set_state({**self.adder.get_state(), 'lengths': [
+          int(ticket['index_base'])] * self._n})
+    elif spec.resume:      # step ids continue; item counts per actor
       saved = rundir.read_json(os.path.join(spec.resume,
                                             rundir.REPLAY_STATE_FILE))['adder']
       mine = next(a for a in spec.run_state['actors']
@@ -76,9 +88,10 @@ class ActorNode:
       log(f'[{self._name}] restart {self._restart} in place: env seeds of '
           f'restart {self._restart}, step ids from +{jump}')
     # Policy stream of (seed, actor, segment, restart): resumed segments and
-    # restarted nodes never repeat it.
+    # restarted nodes never repeat it; a joined actor's of its claim.
+    stream = self._id if ticket is None else JOIN_STREAM + ticket['claim']
     key = jax.random.fold_in(jax.random.fold_in(
-        seed_keys(c.seed)['actor'], self._id), spec.segment)
+        seed_keys(c.seed)['actor'], stream), spec.segment)
     if self._restart:
       key = jax.random.fold_in(key, self._restart)
     self.actor = builder.make_actor(
@@ -89,12 +102,8 @@ class ActorNode:
     self._counter = SyncedCounter(counter, time_delta=spec.dist.counter_sync_s)
     self._recent_scores: List[float] = []
 
-    def on_episode(ep):
-      rundir.append_score(run.logdir, run.task, ep.env_step, ep.score, c.seed)
-      self._recent_scores = (self._recent_scores + [ep.score])[-5:]
-
     observer = env_loop.EpisodeObserver(
-        self._n, on_episode=on_episode,
+        self._n, on_episode=self._on_episode,
         env_step=lambda: int(self._counter.get_counts().get('env_steps', 0)))
     self.loop = env_loop.VectorEnvironmentLoop(
         self.env, self.actor, self._counter, observers=[observer],
@@ -103,6 +112,13 @@ class ActorNode:
     self._pid, self._t0 = os.getpid(), time.perf_counter()
     self._steps = 0
     self._lag = {'sum': 0.0, 'count': 0, 'max': None}
+
+  def _on_episode(self, ep) -> None:
+    """A finished training episode: scores.jsonl, recent scores."""
+    run = self._spec.run
+    rundir.append_score(run.logdir, run.task, ep.env_step, ep.score,
+                        self._spec.config.seed)
+    self._recent_scores = (self._recent_scores + [ep.score])[-5:]
 
   # -- courier methods --------------------------------------------------------------
   def get_state(self) -> Dict[str, Any]:

@@ -86,6 +86,13 @@ def prepare(run: RunConfig, config, dist: DistributedConfig):
   or a summary dict when the budget was already reached."""
   latest = rundir.validate(run, config, MODE)
   state = rundir.load_resume_state(run, latest)
+  if state:
+    saved = int((state['learner'].get('join') or {}).get('num_slots', 0))
+    if saved != dist.join_slots:
+      raise ValueError(
+          f'--join_slots {dist.join_slots} differs from the checkpoint '
+          f'{latest} ({saved}): its latent store has one ring per env worker; '
+          f'resume with --join_slots={saved}')
   rundir.start_segment(run, state)
   if state and state['counts'].get('env_steps', 0) >= run.env_steps:
     return {'checkpoint': latest, 'env_steps': state['counts']['env_steps'],

@@ -6,6 +6,10 @@ variable source, the train and learner metric rows, and the checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import pickle
 import threading
 import time
 import types
@@ -16,10 +20,12 @@ import numpy as np
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent import parallel
 from agent.learner import StopRequested
+from experiments.layouts.distributed.join_slots import LEAVE_WAIT_S, JoinSlots
 from experiments.layouts.distributed.node_utils import (
-    SyncedCounter, lp_hooks, record_error, touch, wait_for_replay)
+    SyncedCounter, advertised_host, lp_hooks, record_error, touch,
+    wait_for_replay)
 from experiments.layouts.distributed.spec import (
-    MODE, STEP_ID_MARGIN, ProgramSpec)
+    JOIN_FILE, MODE, STEP_ID_MARGIN, ProgramSpec)
 from experiments.run import health, metrics, rundir
 from experiments.run import restarts as restart_log
 from experiments.run.config import log, next_multiple
@@ -29,12 +35,15 @@ class LearnerNode:
   """The learner process: DreamerLearner + variable source + checkpoints.
 
   Courier methods: ``get_variables(names)`` ('policy': acting params as
-  numpy, 'num_updates': their update count), ``get_num_updates()`` and
-  ``finish()`` (final checkpoint; returns a summary).
+  numpy, 'num_updates': their update count), ``get_num_updates()``,
+  ``finish()`` (final checkpoint; returns a summary), and for remote actors
+  (``join.py``, ``join_slots.py``) ``join(num_envs, who)``,
+  ``join_heartbeat(claim, stats)``, ``join_episodes(claim, episodes)`` and
+  ``join_leave(claim, stats)``.
   """
 
   def __init__(self, spec: ProgramSpec, replay, counter, actors: Sequence[Any],
-               evaluator=None):
+               evaluator=None, own=None):
     # Process 0 of a multi-process learner (before anything touches jax's
     # devices); the others are ``learner_peer.LearnerPeerNode``s.
     parallel.initialize_processes(spec.coordinator_address,
@@ -49,6 +58,7 @@ class LearnerNode:
     self._jax = jax
     self._stop_event, self._stopper = lp_hooks()
     self._finish_requested = threading.Event()
+    self._joiners_stop = threading.Event()     # remote actors: leave now
     self._finished = threading.Event()
     self._replay, self._counter_client = replay, counter
     self._actors, self._evaluator = list(actors), evaluator
@@ -83,7 +93,15 @@ class LearnerNode:
       self._last_eval_state = state.get('evaluator')
       log(f'[learner] resumed from {spec.resume}: {self._base_updates} '
                  f'updates, {len(self._dataset.latent_store)} stored latents')
+    self._join = JoinSlots(spec.run.num_envs, spec.dist.join_slots,
+                           spec.restart_index_jump, spec.dist.join_lease_s)
+    self._join_lock = threading.Lock()
+    self._join_scores: List[float] = []
+    if state:
+      self._join.restore(state['learner'].get('join'))
     self._publish()
+    if spec.dist.join_slots and own is not None:
+      self._advertise(own.address)
     # Persistent skipped updates stop the run (issue 22, spec 4.9).
     self._health = health.SkipGuard(
         spec.run.max_skipped_updates, spec.run.logdir, on_stop=self._write_row)
@@ -110,11 +128,72 @@ class LearnerNode:
     return self._published[0]
 
   def finish(self) -> Dict[str, Any]:
-    """Stops training, writes the final checkpoint; returns the summary."""
+    """Stops training, writes the final checkpoint; returns the summary.
+
+    Remote actors leave first, while the learner still trains: a remote
+    actor's last inserts may wait on the rate limiter, which only sampling
+    frees."""
+    self._joiners_stop.set()
+    self._wait_for_joiners()
     self._finish_requested.set()
     while not self._finished.wait(0.5):
       pass
     return self._summary or {}
+
+  def join(self, num_envs: int, who: str) -> Dict[str, Any]:
+    """A remote actor's claim of ``num_envs`` join slots: its ticket
+    (``JoinSlots.claim``) plus what it needs to act (the program's spec,
+    pickled, and the Reverb and counter ports). ValueError (to the caller)
+    when the program is stopping or the slots do not fit."""
+    if self._should_stop() or self._joiners_stop.is_set():
+      raise ValueError('the program is stopping; nothing to join')
+    with self._join_lock:
+      ticket = self._join.claim(num_envs, who, time.monotonic())
+    log(f'[learner] {who} joined: claim {ticket["claim"]}, workers '
+        f'[{ticket["offset"]}, {ticket["offset"] + ticket["num_envs"]}), '
+        f'step ids from {ticket["index_base"]}')
+    spec = dataclasses.replace(self._spec, resume=None, run_state=None)
+    return {**ticket, 'spec': pickle.dumps(spec),
+            'replay_port': _port(self._replay.server_address),
+            'counter_port': _port(self._counter_client.address),
+            'lease_s': self._join.lease_s}
+
+  def join_heartbeat(self, claim: int, stats: Dict[str, float]) -> str:
+    """'ok', or 'stop' when the claim is gone or the program is stopping."""
+    with self._join_lock:
+      held = self._join.heartbeat(claim, stats, time.monotonic())
+    stopping = self._should_stop() or self._joiners_stop.is_set()
+    return 'ok' if held and not stopping else 'stop'
+
+  def join_episodes(self, claim: int,
+                    episodes: Sequence[Sequence[float]]) -> None:
+    """A remote actor's finished episodes [(env_step, score)]: into
+    scores.jsonl and the train rows' recent score, like any actor's."""
+    run = self._spec.run
+    for env_step, score in episodes:
+      rundir.append_score(run.logdir, run.task, int(env_step), float(score),
+                          self._spec.config.seed)
+      self._join_scores = (self._join_scores + [float(score)])[-5:]
+    log(f'[learner] claim {claim}: {len(episodes)} episodes')
+
+  def join_leave(self, claim: int, stats: Dict[str, float]) -> bool:
+    with self._join_lock:
+      left = self._join.leave(claim, stats)
+    log(f'[learner] claim {claim} left (stats {stats})')
+    return left
+
+  def _advertise(self, address: str) -> None:
+    """Writes ``<logdir>/join.json`` and logs how remote actors join."""
+    dist = self._spec.dist
+    host = advertised_host(dist.bind)
+    where = f'{host}:{_port(address)}'
+    rundir.atomic_write(os.path.join(self._spec.run.logdir, JOIN_FILE),
+                        json.dumps({'address': where,
+                                    'join_slots': dist.join_slots,
+                                    'segment': self._spec.segment}))
+    log(f'[learner] remote actors join with: python experiments/run_dmc.py '
+        f'--distributed --join={where} --num_envs=N (N <= '
+        f'{dist.join_slots})')
 
   # -- main thread -------------------------------------------------------------------
   def run(self) -> None:
@@ -172,7 +251,25 @@ class LearnerNode:
       self._write_row()
       self._next_log = next_multiple(env_steps, self._spec.run.log_every)
 
+  def _wait_for_joiners(self) -> None:
+    """Lets the remote actors leave before the final checkpoint (their
+    heartbeat answers 'stop'; they flush their open chunks and counts), at
+    most ``LEAVE_WAIT_S``; at once when none is joined."""
+    deadline = time.monotonic() + LEAVE_WAIT_S
+    while time.monotonic() < deadline:
+      with self._join_lock:
+        self._join.expire(time.monotonic())
+        if not self._join.active:
+          return
+      time.sleep(0.2)
+    log(f'[learner] {len(self._join.active)} remote actors did not leave '
+        f'within {LEAVE_WAIT_S:.0f}s; final checkpoint without their last '
+        'steps')
+
   def _final(self) -> None:
+    if not self._joiners_stop.is_set():       # a stop signal, not finish()
+      self._joiners_stop.set()
+      self._wait_for_joiners()
     try:
       self._counts = self._counter.flush()
     except Exception:  # noqa: BLE001
@@ -235,6 +332,7 @@ class LearnerNode:
       if s['lag_max_recent'] is not None:
         lag_max = max(lag_max or 0, s['lag_max_recent'])
       scores += s['recent_scores']
+    scores += self._join_scores
     names = {'env': 'env', 'policy': 'policy', 'add': 'replay_add'}
     row = {f'time/{names[k]}_frac': float(np.mean(v)) if v else None
            for k, v in fracs.items()}
@@ -242,6 +340,13 @@ class LearnerNode:
     row['actor/param_lag_updates_max'] = lag_max
     row['episode/recent_score_mean'] = float(np.mean(scores)) if scores else None
     return row
+
+  def _join_row(self) -> Dict[str, Any]:
+    if not self._spec.dist.join_slots:
+      return {}
+    with self._join_lock:
+      self._join.expire(time.monotonic())
+      return self._join.row()
 
   def _run_logger(self) -> metrics.RunLogger:  # train and learner rows
     self._logger = self._logger or metrics.RunLogger(self._spec.run.logdir)
@@ -255,7 +360,7 @@ class LearnerNode:
         segment=self._spec.segment,
         wall_time=self._wall0 + time.perf_counter() - self._t_start,
         learner_metrics=self._learner.pop_metric_means(),
-        extra={**self._health.row(),
+        extra={**self._health.row(), **self._join_row(),
                'num_actors': self._spec.dist.num_actors,
                'run/restarts': restart_log.count_restarts(self._spec.run.logdir),
                **actors})
@@ -313,10 +418,15 @@ class LearnerNode:
                 'wall_time': self._wall0 + time.perf_counter() - self._t_start,
                 'next_log': self._next_log,
                 'transitions': int(counts.get('actor_steps', 0)),
-                'owed_updates': 0},
+                'owed_updates': 0, 'join': self._join.state()},
             actors=actor_states, evaluator=self._last_eval_state,
             recent_scores=[] if recent is None else [recent]))
     self._last_ckpt = final
     log(f'[ckpt] {final} ({time.perf_counter() - t0:.1f}s, '
         f'{self.num_updates} updates)')
     return final
+
+
+def _port(address: str) -> int:
+  """The port of a 'host:port' address."""
+  return int(str(address).rpartition(':')[2])

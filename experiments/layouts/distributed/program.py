@@ -165,6 +165,47 @@ class StepLimiter:
     self._stopper()
 
 
+# --- a courier node on a fixed port ----------------------------------------------
+
+
+class _FixedPort:
+  """A Launchpad address builder of ``localhost:<port>``."""
+
+  def __init__(self, port: int):
+    self._address = f'localhost:{int(port)}'
+
+  def build(self) -> str:
+    return self._address
+
+
+def _courier_node_class():
+  import launchpad as lp
+
+  class FixedPortCourierNode(lp.CourierNode):
+    """``lp.CourierNode`` whose server takes ``port`` (0: Launchpad's free
+    port at each launch): local_mp binds every address to a fresh port
+    (``launchpad.nodes.python.addressing.bind_addresses_local``), but remote
+    actors need the learner's to be known before they start (``--join_port``).
+    """
+
+    def __init__(self, port: int, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      self._fixed_port = int(port)
+
+    def bind_addresses(self, **kwargs):
+      super().bind_addresses(**kwargs)
+      if self._fixed_port:
+        self._address.bind(_FixedPort(self._fixed_port))
+
+  return FixedPortCourierNode
+
+
+def fixed_port_courier_node(port: int, *args, **kwargs):
+  """A ``FixedPortCourierNode`` (``_courier_node_class``; launchpad is
+  imported on first use, as in ``build_program``)."""
+  return _courier_node_class()(port, *args, **kwargs)
+
+
 # --- the program ----------------------------------------------------------------------------
 
 
@@ -187,9 +228,10 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
     handle.set_client_kwargs(call_timeout=timeout)
     return handle
 
-  learner_node = lp.CourierNode(LearnerNode)
+  learner_node = fixed_port_courier_node(dist.join_port, LearnerNode)
   learner = timed(learner_node.create_handle())   # actors, evaluator
   learner_untimed = learner_node.create_handle()    # finish(): no timeout
+  own = learner_node.create_handle()                # its own address (join)
   timed(counter)
   actor_nodes = [lp.CourierNode(ActorNode, spec, k, replay, learner, counter)
                  for k in range(dist.num_actors)]
@@ -200,7 +242,7 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
     evaluator_node = lp.CourierNode(EvaluatorNode, spec, learner, counter)
     evaluator = timed(evaluator_node.create_handle(), 30.0)
     evaluator_untimed = evaluator_node.create_handle()
-  learner_node.configure(spec, replay, counter, actors, evaluator)
+  learner_node.configure(spec, replay, counter, actors, evaluator, own)
   with program.group('learner'):
     program.add_node(learner_node)
     for k in range(1, dist.learner_processes):   # multi-process learner

@@ -17,11 +17,14 @@ from agent.config import DreamerConfig
 from agent.parallel import check_processes
 from agent.types import EnvSpaces
 from experiments.run.config import RunConfig
+from reverb_tables.latent_store import id_jump
 
 MODE = 'distributed'
 GROUPS = ('replay', 'counter', 'limiter', 'learner', 'actor', 'evaluator')
 LEARNER_DONE_FILE = 'learner_done'
 SUMMARY_FILE = 'summary.json'
+# <logdir>/join.json: where remote actors join (``--join``), by the learner.
+JOIN_FILE = 'join.json'
 ERRORS_DIR = 'errors'
 TERMINALS = ('output_to_files', 'current_terminal')
 # Each actor's adder counters are saved + this margin: an item whose last step
@@ -75,6 +78,17 @@ class DistributedConfig:
     data-parallel over all their devices (``agent.parallel``).
   coordinator_address: ``host:port`` of the learner processes' coordination
     service (process 0); '' picks a free port on 127.0.0.1 at each launch.
+  join_slots: env workers reserved for remote actors that join the running
+    program (``join.py``; ``join_slots.py``); 0: none can join.
+  join_port: the learner's courier port, where remote actors join; 0 picks
+    a free one at each launch (then read ``<logdir>/join.json``).
+  bind: the host remote actors reach this program at, written to
+    ``join.json``: '' -> 'localhost'; '0.0.0.0' -> this machine's first
+    non-loopback IPv4 address; else used as given. Reverb and courier servers
+    listen on every interface whatever this says (their servers take a port
+    only), so keep untrusted networks out with a firewall.
+  join_lease_s: a remote actor's claim ends after this long without a
+    heartbeat (it died or lost the network), ``--join_lease``.
   """
   num_actors: int = 2
   update_period: int = 1
@@ -87,6 +101,10 @@ class DistributedConfig:
   max_restarts: int = 3
   learner_processes: int = 1
   coordinator_address: str = ''
+  join_slots: int = 0
+  join_port: int = 0
+  bind: str = ''
+  join_lease_s: float = 60.0
 
   def __post_init__(self):
     if self.num_actors < 1:
@@ -103,6 +121,14 @@ class DistributedConfig:
     if self.learner_processes < 1:
       raise ValueError(f'--learner_processes must be >= 1, got '
                        f'{self.learner_processes}')
+    if self.join_slots < 0:
+      raise ValueError(f'--join_slots must be >= 0, got {self.join_slots}')
+    if not 0 <= self.join_port <= 65535:
+      raise ValueError(f'--join_port must be in [0, 65535], got '
+                       f'{self.join_port}')
+    if self.join_lease_s <= 0:
+      raise ValueError(f'--join_lease must be > 0 seconds, got '
+                       f'{self.join_lease_s}')
     if self.terminal not in TERMINALS:
       raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
                        f'{self.terminal!r}')
@@ -140,6 +166,10 @@ class ProgramSpec:
   resume: Optional[str] = None
   run_state: Optional[Dict[str, Any]] = None
   coordinator_address: str = ''
+  join_slots: int = 0
+  join_port: int = 0
+  bind: str = ''
+  join_lease_s: float = 60.0
 
   def __post_init__(self):
     check_actors(self.run.num_envs, self.dist.num_actors)
@@ -164,19 +194,29 @@ class ProgramSpec:
                           rate_limiter='ratio', chunk_length=run.chunk_length,
                           eval_policy=run.eval_policy, prefetch=run.prefetch,
                           learner_devices=run.learner_devices,
-                          policy_device=run.policy_device, **kwargs)
+                          policy_device=run.policy_device,
+                          join_workers=self.dist.join_slots, **kwargs)
+
+  @property
+  def num_workers(self) -> int:
+    """Env workers of the step-id layout: the program's ``num_envs``, then
+    the ``join_slots`` reserved for joined remote actors (``join.py``)."""
+    return self.run.num_envs + self.dist.join_slots
 
   @property
   def restart_index_jump(self) -> int:
-    """How far an actor restarted in place moves its step-id counters
-    (``adder.lengths``) past the checkpoint it started from, per restart:
-    twice the run's agent-step budget (no worker can have stepped further
-    in one launch), a multiple of ``seq_len`` so the online queue keeps its
-    phase (spec 5.4). Ids stay unique, so the learner's LatentStore never
-    hands a new step the latents of a dead actor's step (spec 5.9)."""
+    """How far a worker's step-id counters (``adder.lengths``) move when a
+    new process takes it over: an actor restarted in place (per restart,
+    past the checkpoint it started from) or a remote actor joining a slot
+    (per claim). At least twice the run's agent-step budget (no worker can
+    step further in one launch), and a multiple of ``seq_len`` (the online
+    queue keeps its phase, spec 5.4) and of the latent store's ring size (the
+    worker starts again at slot 0, no new memory;
+    ``reverb_tables.latent_store.id_jump``). Ids stay unique, so the
+    learner's LatentStore never hands a new step the latents of an old
+    process's step (spec 5.9)."""
     steps = 2 * (self.run.env_steps // self.run.action_repeat + 1)
-    n = self.config.seq_len
-    return -(-steps // n) * n
+    return id_jump(self.config, self.num_workers, steps)
 
   def wait_for_learner(self) -> bool:
     """Blocks until the learner's final checkpoint is written (or the grace)."""

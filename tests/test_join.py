@@ -1,0 +1,264 @@
+"""Remote actors that join a running Launchpad program (issue 21 part 3).
+
+Fast: the learner's book of join slots (``join_slots.JoinSlots``), the
+latent store's step-id jump, the flags. Slow: a real local_mp program with
+join slots and real remote actors (``run_dmc.py --join``): one in another
+network namespace joined by a veth pair (when this runs as root with `ip`),
+SIGKILLed mid-run; its slots freed by the lease and claimed again by a
+second one on loopback, which stays to the end and leaves cleanly.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from absl import flags
+
+from experiments import options
+from experiments.layouts.distributed.join_slots import JoinSlots
+from experiments.run import rundir
+from agent.config import make_config
+from reverb_tables.config import latent_store_np_dtype
+from reverb_tables.latent_store import LatentStore, id_jump, ring_capacity
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
+RUN_DMC = os.path.join(REPO, 'experiments', 'run_dmc.py')
+
+
+def test_join_slots_fit_expire_and_give_every_claim_new_step_ids():
+  slots = JoinSlots(first_worker=4, num_slots=3, id_jump=90, lease_s=10.0)
+  a = slots.claim(2, 'a', now=0.0)
+  assert (a['offset'], a['num_envs'], a['index_base']) == (4, 2, 90)
+  with pytest.raises(ValueError, match='no 2 free join slots in a row'):
+    slots.claim(2, 'b', now=1.0)
+  b = slots.claim(1, 'b', now=1.0)
+  assert b['offset'] == 6 and b['index_base'] == 180
+  # Heartbeats carry cumulative stats; the tallies add the increments.
+  assert slots.heartbeat(a['claim'], {'env_steps': 10, 'items': 3}, now=5.0)
+  assert slots.heartbeat(a['claim'], {'env_steps': 30, 'items': 8}, now=9.0)
+  # b sends nothing: its lease runs out at 11 s; a's holds to 19 s.
+  assert not slots.heartbeat(b['claim'], None, now=12.0)
+  assert [c.claim for c in slots.active.values()] == [a['claim']]
+  c = slots.claim(1, 'c', now=12.0)      # b's freed slot, new step ids
+  assert c['offset'] == 6 and c['index_base'] == 270
+  assert slots.leave(a['claim'], {'env_steps': 40, 'items': 9, 'episodes': 1})
+  assert not slots.leave(a['claim'], None)
+  row = slots.row()
+  assert row['join/actors'] == 1 and row['join/envs'] == 1
+  assert row['join/left'] == 2
+  assert (row['join/env_steps'], row['join/items'], row['join/episodes']) == (
+      40, 9, 1)
+  # A resumed program continues the claim numbers: ids never repeat.
+  again = JoinSlots(4, 3, 90)
+  again.restore(slots.state())
+  assert again.claim(3, 'd', now=0.0)['index_base'] == 4 * 90
+  with pytest.raises(ValueError, match='--join_slots'):
+    JoinSlots(4, 0, 90).claim(1, 'e', now=0.0)
+  with pytest.raises(ValueError, match='>= 1 envs'):
+    JoinSlots(4, 2, 90).claim(0, 'e', now=0.0)
+
+
+def test_a_worker_jumped_by_id_jump_allocates_nothing_new():
+  """Step ids moved by ``id_jump`` (a restarted or joined actor) restart at
+  slot 0 of the ring: the store's arrays do not grow to the full ring."""
+  config = make_config(size='tiny', batch_length=8, replay_capacity=100_000)
+  d, st = config.deter, config.stoch
+  cap = ring_capacity(config, 4)
+  jump = id_jump(config, 4, at_least=1000)
+  assert jump >= 1000 and jump % cap == 0 and jump % 9 == 0
+  store = LatentStore(config, 4)
+  latents = lambda n: {  # noqa: E731
+      'deter': np.ones((n, d), latent_store_np_dtype(config)),
+      'stoch': np.ones((n, st), np.uint8)}
+  ids = np.stack([np.full(10, 3), np.arange(10)], -1)
+  store.update(ids, latents(10))
+  before = store.allocated
+  jumped = ids + np.array([0, 5 * jump])
+  assert store.update(jumped, latents(10)) == 10
+  assert store.allocated == before < cap
+  got, found = store.lookup(jumped)
+  assert found.all()
+  _, old_found = store.lookup(ids)        # the same slots, newer steps
+  assert not old_found.any()
+
+
+def _parse(*args):
+  fv = flags.FlagValues()
+  options.define_flags(fv)
+  fv(['run_dmc.py', *args])
+  return fv
+
+
+def test_join_flags_are_checked(tmp_path):
+  """Checked at flag parsing or before anything is written or contacted."""
+  with pytest.raises(flags.IllegalFlagValueError, match='--join'):
+    _parse('--join=nohost')
+  with pytest.raises(flags.IllegalFlagValueError, match='--join_slots'):
+    _parse(f'--logdir={tmp_path}', '--join_slots=-1')
+  with pytest.raises(flags.IllegalFlagValueError, match='--join_lease'):
+    _parse(f'--logdir={tmp_path}', '--join_lease=0')
+  # A remote actor takes only --distributed --join --num_envs.
+  with pytest.raises(ValueError, match='--batch_size, --task'):
+    options.join_args_from_flags(_parse(
+        '--distributed', '--join=h:1', '--task=walker_walk', '--batch_size=8'))
+  with pytest.raises(ValueError, match='--join needs --distributed'):
+    options.join_args_from_flags(_parse('--join=h:1'))
+  assert options.join_args_from_flags(_parse(
+      '--distributed', '--join=10.0.0.1:7070', '--num_envs=3')) == (
+          '10.0.0.1:7070', 3)
+  base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
+  with pytest.raises(ValueError, match='need --distributed'):
+    options.configs_from_flags(_parse(*base, '--join_slots=2'))
+  _, _, dist = options.configs_from_flags(_parse(
+      *base, '--distributed', '--join_slots=4', '--join_port=7070',
+      '--bind=0.0.0.0', '--join_lease=5'))
+  assert (dist.join_slots, dist.join_port, dist.bind, dist.join_lease_s) == (
+      4, 7070, '0.0.0.0', 5.0)
+  assert not (tmp_path / 'r').exists()
+
+
+# --- slow: a real program and real remote actors ----------------------------------
+
+NETNS, VETH, HOST_IP, NS_IP = 'dreamer-join-test', 'djt', '10.231.7.1', '10.231.7.2'
+
+
+def _netns_up() -> bool:
+  """A network namespace joined to this one by a veth pair (root + `ip`)."""
+  if os.geteuid() != 0 or not shutil.which('ip'):
+    return False
+  _netns_down()
+  cmds = [['ip', 'netns', 'add', NETNS],
+          ['ip', 'link', 'add', VETH + '0', 'type', 'veth', 'peer', 'name',
+           VETH + '1'],
+          ['ip', 'link', 'set', VETH + '1', 'netns', NETNS],
+          ['ip', 'addr', 'add', HOST_IP + '/24', 'dev', VETH + '0'],
+          ['ip', 'link', 'set', VETH + '0', 'up'],
+          ['ip', '-n', NETNS, 'addr', 'add', NS_IP + '/24', 'dev', VETH + '1'],
+          ['ip', '-n', NETNS, 'link', 'set', VETH + '1', 'up'],
+          ['ip', '-n', NETNS, 'link', 'set', 'lo', 'up']]
+  for cmd in cmds:
+    if subprocess.run(cmd, capture_output=True).returncode:
+      _netns_down()
+      return False
+  return True
+
+
+def _netns_down() -> None:
+  subprocess.run(['ip', 'link', 'del', VETH + '0'], capture_output=True)
+  subprocess.run(['ip', 'netns', 'del', NETNS], capture_output=True)
+
+
+def _rows(logdir):
+  path = os.path.join(logdir, rundir.METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [r for r in map(json.loads, f) if r.get('kind') == 'train']
+
+
+def _wait(cond, timeout, what, procs=()):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    value = cond()
+    if value:
+      return value
+    for p in procs:
+      assert p.poll() is None, f'{what}: a process ended early ({p.args})'
+    time.sleep(1.0)
+  raise AssertionError(f'timed out waiting for {what}')
+
+
+def _joiner(address, num_envs, log, netns=None):
+  cmd = [sys.executable, RUN_DMC, '--distributed', f'--join={address}',
+         f'--num_envs={num_envs}']
+  if netns:
+    cmd = ['ip', 'netns', 'exec', netns] + cmd
+  return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                          env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+
+
+@pytest.mark.slow
+def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
+  """A program with 2 join slots. Remote actor A (2 envs; in another network
+  namespace when possible, reaching the program at its veth address) joins;
+  its episodes reach the scores and its items the replay; it is SIGKILLed.
+  The run goes on; the lease frees A's slots; B (1 env, loopback) claims
+  one with step ids past A's, stays to the budget and leaves cleanly. A
+  resume with other --join_slots is refused before anything is written."""
+  logdir = str(tmp_path / 'run')
+  netns = _netns_up()
+  host = HOST_IP if netns else '127.0.0.1'
+  main_log = open(tmp_path / 'main.log', 'w')
+  program = subprocess.Popen(
+      [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
+       '--distributed', '--num_actors=1', '--env_steps=8000',
+       '--eval_episodes=0', '--noreport', '--log_every=200',
+       '--join_slots=2', f'--bind={host}', '--join_lease=8'],
+      cwd=REPO, stdout=main_log, stderr=subprocess.STDOUT,
+      env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+  procs = [program]
+  try:
+    join_file = os.path.join(logdir, 'join.json')
+    _wait(lambda: os.path.exists(join_file), 240, 'join.json', procs)
+    address = rundir.read_json(join_file)['address']
+    assert address.startswith(host + ':')
+    log_a = open(tmp_path / 'a.log', 'w')
+    a = _joiner(address, 2, log_a, NETNS if netns else None)
+    procs.append(a)
+    row = _wait(lambda: next((r for r in reversed(_rows(logdir))
+                              if r.get('join/episodes', 0) >= 1), None),
+                300, "A's first episode", procs)
+    assert row['join/actors'] == 1 and row['join/envs'] == 2
+    assert row['join/items'] > 0 and row['join/env_steps'] > 0
+    a.send_signal(signal.SIGKILL)
+    a.wait(30)
+    procs.remove(a)
+    killed_at = _rows(logdir)[-1]
+    # The lease (8 s) frees A's slots; the run goes on meanwhile.
+    row = _wait(lambda: next((r for r in reversed(_rows(logdir))
+                              if r.get('join/left', 0) >= 1), None),
+                120, "A's claim to expire", procs)
+    assert row['join/actors'] == 0
+    assert row['updates'] > killed_at['updates']
+    log_b = open(tmp_path / 'b.log', 'w')
+    b = _joiner(f'127.0.0.1:{address.rpartition(":")[2]}', 1, log_b)
+    procs.append(b)
+    assert b.wait(400) == 0, open(tmp_path / 'b.log').read()[-3000:]
+    assert program.wait(120) == 0, open(tmp_path / 'main.log').read()[-3000:]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+    if netns:
+      _netns_down()
+  learner_log = open(os.path.join(logdir, 'lp_logs', 'segment-0', 'learner',
+                                  '0')).read()
+  bases = [int(line.rpartition('step ids from ')[2])
+           for line in learner_log.splitlines() if 'step ids from' in line]
+  assert len(bases) == 2 and bases[1] > bases[0], bases
+  b_text = open(tmp_path / 'b.log').read()
+  assert 'claim 1' in b_text and '[join] left (the program stopped' in b_text
+  last = _rows(logdir)[-1]
+  assert last['env_step'] >= 8000
+  assert last['join/left'] == 2 and last['join/actors'] == 0
+  assert last['join/episodes'] >= 2 and last['join/env_steps'] < last['env_step']
+  with open(os.path.join(logdir, rundir.SCORES_FILE)) as f:
+    scores = sum(1 for _ in f)     # every actor's, the remote ones' included
+  assert last['join/episodes'] <= scores <= last['episodes'] + 2
+  # Resume with other join slots: refused, nothing written.
+  before = sorted(os.listdir(logdir))
+  again = subprocess.run(
+      [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
+       '--distributed', '--num_actors=1', '--env_steps=9000',
+       '--eval_episodes=0', '--noreport', '--join_slots=1'],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert again.returncode == 2, again.stderr[-2000:]
+  assert '--join_slots 1 differs from the checkpoint' in again.stderr
+  assert sorted(os.listdir(logdir)) == before
