@@ -93,18 +93,22 @@ def shard_rows(x, axis: int = 0):
 
 
 def initialize_processes(coordinator_address: str, num_processes: int,
-                         process_id: int, timeout_s: int = 300) -> None:
+                         process_id: int, timeout_s: int = 300,
+                         gloo_host: str = '') -> None:
   """Joins this process to a multi-process learner (``jax.distributed``).
 
   Must run before anything touches a jax device. On the CPU it selects the
   gloo collectives (``jax_cpu_collectives_implementation``), so processes
-  on one machine (127.0.0.1) or several reduce gradients over TCP. A no-op
-  for ``num_processes == 1``."""
+  on one machine (127.0.0.1) or several reduce gradients over TCP. Gloo
+  listens on the address of this machine's host name unless ``gloo_host``
+  names another (``use_gloo_host``). A no-op for ``num_processes == 1``."""
   if num_processes <= 1:
     return
   if not 0 <= process_id < num_processes:
     raise ValueError(f'process id {process_id} is not in [0, {num_processes})')
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if gloo_host:
+    use_gloo_host(gloo_host)
   # jax.distributed's preemption notifier takes over SIGTERM (it only
   # records it); the process's own stop handling gets it back.
   main = threading.current_thread() is threading.main_thread()
@@ -115,6 +119,28 @@ def initialize_processes(coordinator_address: str, num_processes: int,
                              initialization_timeout=timeout_s)
   if main and term is not None:
     signal.signal(signal.SIGTERM, term)
+
+
+def use_gloo_host(host: str) -> None:
+  """Makes the CPU backend's gloo collectives listen on ``host`` (a name or
+  address the other learner hosts reach).
+
+  Why: jax creates gloo with its defaults (``make_cpu_client``), which bind
+  to the address this machine's host name resolves to; on many machines
+  that is 127.0.0.1 or 127.0.1.1 (Debian's /etc/hosts), which no other host
+  can reach. jax has no setting for it, so this registers the CPU backend
+  again (before it is made) with jax's own gloo collectives given the
+  host."""
+  from jax._src import distributed, xla_bridge  # noqa: PLC0415  (no public hook)
+  from jax._src.lib import xla_client  # noqa: PLC0415
+
+  def make_cpu_client():
+    collectives = xla_client._xla.make_gloo_tcp_collectives(  # noqa: SLF001
+        distributed_client=distributed.global_state.client, hostname=host)
+    return xla_bridge.make_cpu_client(collectives=collectives)
+
+  xla_bridge.register_backend_factory('cpu', make_cpu_client, priority=0,
+                                      fail_quietly=False)
 
 
 def _kv_client():

@@ -40,10 +40,13 @@ FLAG_NAMES = (
     'jax_cache_dir', 'learner_devices', 'policy_device', 'max_skipped_updates')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace', 'max_restarts',
-                   'learner_processes', 'coordinator_address', 'join_slots',
+                   'learner_processes', 'coordinator_address',
+                   'remote_learner_processes', 'join_slots',
                    'join_port', 'bind', 'join_lease')
-# The flags of a remote actor (``--join``): everything else is the program's.
+# The flags of a remote actor (``--join``) and of a remote learner process
+# (``--learner_peer``): everything else is the program's.
 JOIN_FLAG_NAMES = ('distributed', 'join', 'num_envs')
+PEER_FLAG_NAMES = ('distributed', 'learner_peer', 'logdir', 'bind')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
@@ -152,6 +155,16 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       '--learner_processes > 1: host:port of the learner '
                       "processes' coordination service; default a free port "
                       'on 127.0.0.1.', **F)
+  flags.DEFINE_integer('remote_learner_processes', 0, '--distributed with '
+                       '--learner_processes: how many of them (the last ones) '
+                       'are started on other hosts with --learner_peer '
+                       'instead of by this program; needs a '
+                       '--coordinator_address they reach.', **F)
+  flags.DEFINE_integer('learner_peer', None, 'Run learner process K of a '
+                       '--distributed program started elsewhere with '
+                       '--remote_learner_processes, from its run directory '
+                       '(--logdir, shared at the same path); --bind: the '
+                       'address of this host the others reach.', **F)
   flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
                        'for remote actors that join the running program '
                        '(--join); 0: none can join.', **F)
@@ -211,6 +224,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('join', _address_ok, 'must be HOST:PORT (or empty)')
   v('join_slots', lambda x: x is not None and 0 <= x <= 1000,
     'must be in [0, 1000]')
+  v('remote_learner_processes', lambda x: x is not None and 0 <= x <= 63,
+    'must be in [0, 63]')
+  v('learner_peer', lambda x: x is None or 1 <= x <= 63, 'must be in [1, 63]')
   v('join_lease', lambda x: x is not None and x > 0, 'must be > 0 seconds')
   v('join_port', lambda x: x is not None and 0 <= x <= 65535,
     'must be in [0, 65535]')
@@ -325,21 +341,38 @@ def jax_cache_dir(fv: flags.FlagValues, logdir: str) -> Optional[str]:
                                                                   'jax_cache')))
 
 
+def _only(fv: flags.FlagValues, allowed, what: str, usage: str) -> None:
+  """ValueError naming the run flags set beyond ``allowed``: ``what`` runs
+  the program's settings, not its own."""
+  others = sorted(name for name in fv if fv[name].present and
+                  name in FLAG_NAMES + DIST_FLAG_NAMES and name not in allowed)
+  if others:
+    raise ValueError(
+        f'{what} takes the running program\'s settings; these flags are not '
+        f'its own: {", ".join("--" + n for n in others)} (pass only {usage})')
+  if not fv.distributed:
+    raise ValueError(f'{what} needs --distributed (it joins a Launchpad '
+                     'program)')
+
+
 def join_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
   """(address, num_envs) of a remote actor (``--join``); ValueError naming
   any other flag that was set: a remote actor runs the program's settings."""
-  others = sorted(name for name in fv if fv[name].present and
-                  name in FLAG_NAMES + DIST_FLAG_NAMES and
-                  name not in JOIN_FLAG_NAMES)
-  if others:
-    raise ValueError(
-        f'--join takes the running program\'s settings; these flags are not '
-        f'a remote actor\'s: {", ".join("--" + n for n in others)} (pass only '
-        '--distributed --join=HOST:PORT --num_envs=N)')
-  if not fv.distributed:
-    raise ValueError('--join needs --distributed (it joins a Launchpad '
-                     'program)')
+  _only(fv, JOIN_FLAG_NAMES, '--join',
+        '--distributed --join=HOST:PORT --num_envs=N')
   return fv.join, fv.num_envs
+
+
+def peer_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
+  """(logdir, process id, bind) of a remote learner process
+  (``--learner_peer``); ValueError as ``join_args_from_flags``."""
+  _only(fv, PEER_FLAG_NAMES, '--learner_peer',
+        '--distributed --learner_peer=K --logdir=DIR [--bind=HOST]')
+  if not fv.logdir:
+    raise ValueError('--learner_peer needs --logdir: the program\'s run '
+                     'directory, shared at the same path')
+  return os.path.abspath(os.path.expanduser(fv.logdir)), fv.learner_peer, \
+      fv.bind
 
 
 def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
@@ -385,12 +418,14 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
         max_restarts=fv.max_restarts,
         learner_processes=fv.learner_processes,
         coordinator_address=fv.coordinator_address,
+        remote_learner_processes=fv.remote_learner_processes,
         join_slots=fv.join_slots, join_port=fv.join_port, bind=fv.bind,
         join_lease_s=fv.join_lease)
   elif fv.learner_processes != 1:
     raise ValueError('--learner_processes needs --distributed (the learner '
                      'processes are nodes of the Launchpad program)')
-  elif fv.join_slots or fv.join_port or fv.bind:
-    raise ValueError('--join_slots, --join_port and --bind need --distributed '
-                     '(remote actors join a Launchpad program)')
+  elif fv.join_slots or fv.join_port or fv.bind or fv.remote_learner_processes:
+    raise ValueError('--join_slots, --join_port, --bind and '
+                     '--remote_learner_processes need --distributed (they '
+                     'are settings of the Launchpad program)')
   return run, config, dist

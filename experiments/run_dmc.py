@@ -6,11 +6,14 @@ r"""Train DreamerV3: the one command line, both layouts, every suite.
   python experiments/run_dmc.py --flagfile=... --distributed --num_actors=4
   python experiments/run_dmc.py --suite=gym --task=CartPole-v1 ...
   python experiments/run_dmc.py --distributed --join=HOST:PORT --num_envs=4
+  python experiments/run_dmc.py --distributed --learner_peer=1 --logdir=DIR
 
 Without --distributed the run is one process (experiments/layouts/local.py:
 acme's EnvironmentLoop, Algorithm K); with it, a Launchpad program
 (experiments/layouts/distributed/); with --join, a remote actor of such a
-program running elsewhere (experiments/layouts/distributed/join.py). Flags
+program running elsewhere (experiments/layouts/distributed/join.py); with
+--learner_peer, one of its learner processes on another host
+(experiments/layouts/distributed/learner_peer.py). Flags
 and their checks:
 experiments/options.py. ``train(env_factory, ...)`` below runs your own
 environment with the same flags.
@@ -42,7 +45,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 from experiments import options  # noqa: E402
 from experiments.layouts import local  # noqa: E402
-from experiments.layouts.distributed import join, launch  # noqa: E402
+from experiments.layouts.distributed import join, launch, learner_peer  # noqa: E402
 from experiments.run import rundir  # noqa: E402
 from experiments.run.config import RunConfig  # noqa: E402
 from experiments.tools import report  # noqa: E402
@@ -130,10 +133,14 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
 def main(argv) -> int:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  if flags.FLAGS.join:      # a remote actor of a running program
-    try:
-      address, num_envs = options.join_args_from_flags(flags.FLAGS)
-      join.main(address, num_envs)
+  if flags.FLAGS.join or flags.FLAGS.learner_peer:   # part of a program
+    try:                                                 # started elsewhere
+      if flags.FLAGS.learner_peer and flags.FLAGS.join:
+        raise ValueError('--join and --learner_peer: one or the other')
+      if flags.FLAGS.join:
+        join.main(*options.join_args_from_flags(flags.FLAGS))
+      else:
+        learner_peer.run_remote_peer(*options.peer_args_from_flags(flags.FLAGS))
     except ValueError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2

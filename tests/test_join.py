@@ -1,16 +1,17 @@
 """Remote actors that join a running Launchpad program (issue 21 part 3).
 
 Fast: the learner's book of join slots (``join_slots.JoinSlots``), the
-latent store's step-id jump, the flags. Slow: a real local_mp program with
-join slots and real remote actors (``run_dmc.py --join``): one in another
-network namespace joined by a veth pair (when this runs as root with `ip`),
-SIGKILLed mid-run; its slots freed by the lease and claimed again by a
-second one on loopback, which stays to the end and leaves cleanly.
+latent store's step-id jump, the flags (also those of learner processes on
+other hosts, whose run is in tests/test_parallel.py). Slow: a real local_mp
+program with join slots and real remote actors (``run_dmc.py --join``): one
+in another network namespace joined by a veth pair (``tests/netns.py``, when
+this runs as root with `ip`), SIGKILLed mid-run; its slots freed by the
+lease and claimed again by a second one on loopback, which stays to the end
+and leaves cleanly.
 """
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from experiments.run import rundir
 from agent.config import make_config
 from reverb_tables.config import latent_store_np_dtype
 from reverb_tables.latent_store import LatentStore, id_jump, ring_capacity
+from tests import netns as ns
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
@@ -96,7 +98,7 @@ def _parse(*args):
   return fv
 
 
-def test_join_flags_are_checked(tmp_path):
+def test_join_and_remote_learner_flags_are_checked(tmp_path):
   """Checked at flag parsing or before anything is written or contacted."""
   with pytest.raises(flags.IllegalFlagValueError, match='--join'):
     _parse('--join=nohost')
@@ -121,39 +123,27 @@ def test_join_flags_are_checked(tmp_path):
       '--bind=0.0.0.0', '--join_lease=5'))
   assert (dist.join_slots, dist.join_port, dist.bind, dist.join_lease_s) == (
       4, 7070, '0.0.0.0', 5.0)
+  # Learner processes on other hosts: a coordinator they reach, process 0
+  # here; a remote process takes only --distributed --learner_peer --logdir
+  # --bind.
+  two = ('--distributed', '--learner_processes=2', '--learner_devices=2')
+  with pytest.raises(ValueError, match='needs --coordinator_address'):
+    options.configs_from_flags(_parse(*base, *two,
+                                      '--remote_learner_processes=1'))
+  with pytest.raises(ValueError, match=r'must be in \[0, --learner_processes'):
+    options.configs_from_flags(_parse(
+        *base, *two, '--remote_learner_processes=2',
+        '--coordinator_address=10.0.0.1:1234'))
+  with pytest.raises(ValueError, match='--task'):
+    options.peer_args_from_flags(_parse('--distributed', '--learner_peer=1',
+                                        f'--logdir={tmp_path}', '--task=walker_run'))
+  assert options.peer_args_from_flags(_parse(
+      '--distributed', '--learner_peer=1', f'--logdir={tmp_path}',
+      '--bind=10.0.0.2')) == (str(tmp_path), 1, '10.0.0.2')
   assert not (tmp_path / 'r').exists()
 
 
 # --- slow: a real program and real remote actors ----------------------------------
-
-NETNS, VETH, HOST_IP, NS_IP = 'dreamer-join-test', 'djt', '10.231.7.1', '10.231.7.2'
-
-
-def _netns_up() -> bool:
-  """A network namespace joined to this one by a veth pair (root + `ip`)."""
-  if os.geteuid() != 0 or not shutil.which('ip'):
-    return False
-  _netns_down()
-  cmds = [['ip', 'netns', 'add', NETNS],
-          ['ip', 'link', 'add', VETH + '0', 'type', 'veth', 'peer', 'name',
-           VETH + '1'],
-          ['ip', 'link', 'set', VETH + '1', 'netns', NETNS],
-          ['ip', 'addr', 'add', HOST_IP + '/24', 'dev', VETH + '0'],
-          ['ip', 'link', 'set', VETH + '0', 'up'],
-          ['ip', '-n', NETNS, 'addr', 'add', NS_IP + '/24', 'dev', VETH + '1'],
-          ['ip', '-n', NETNS, 'link', 'set', VETH + '1', 'up'],
-          ['ip', '-n', NETNS, 'link', 'set', 'lo', 'up']]
-  for cmd in cmds:
-    if subprocess.run(cmd, capture_output=True).returncode:
-      _netns_down()
-      return False
-  return True
-
-
-def _netns_down() -> None:
-  subprocess.run(['ip', 'link', 'del', VETH + '0'], capture_output=True)
-  subprocess.run(['ip', 'netns', 'del', NETNS], capture_output=True)
-
 
 def _rows(logdir):
   path = os.path.join(logdir, rundir.METRICS_FILE)
@@ -175,11 +165,11 @@ def _wait(cond, timeout, what, procs=()):
   raise AssertionError(f'timed out waiting for {what}')
 
 
-def _joiner(address, num_envs, log, netns=None):
+def _joiner(address, num_envs, log, in_ns=False):
   cmd = [sys.executable, RUN_DMC, '--distributed', f'--join={address}',
          f'--num_envs={num_envs}']
-  if netns:
-    cmd = ['ip', 'netns', 'exec', netns] + cmd
+  if in_ns:
+    cmd = ns.wrap(cmd)
   return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                           env={**os.environ, 'PYTHONUNBUFFERED': '1'})
 
@@ -193,8 +183,8 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
   one with step ids past A's, stays to the budget and leaves cleanly. A
   resume with other --join_slots is refused before anything is written."""
   logdir = str(tmp_path / 'run')
-  netns = _netns_up()
-  host = HOST_IP if netns else '127.0.0.1'
+  netns = ns.up()
+  host = ns.HOST_IP if netns else '127.0.0.1'
   main_log = open(tmp_path / 'main.log', 'w')
   program = subprocess.Popen(
       [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
@@ -210,7 +200,7 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
     address = rundir.read_json(join_file)['address']
     assert address.startswith(host + ':')
     log_a = open(tmp_path / 'a.log', 'w')
-    a = _joiner(address, 2, log_a, NETNS if netns else None)
+    a = _joiner(address, 2, log_a, in_ns=netns)
     procs.append(a)
     row = _wait(lambda: next((r for r in reversed(_rows(logdir))
                               if r.get('join/episodes', 0) >= 1), None),
@@ -237,7 +227,7 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
       if p.poll() is None:
         p.kill()
     if netns:
-      _netns_down()
+      ns.down()
   learner_log = open(os.path.join(logdir, 'lp_logs', 'segment-0', 'learner',
                                   '0')).read()
   bases = [int(line.rpartition('step ids from ')[2])

@@ -224,3 +224,61 @@ def test_two_learner_processes_train_resume_and_stop_together(tmp_path):
   assert second > first and peer_updates(1) == second - first
   launch(['--learner_processes=1', '--learner_devices=1'], 500)
   assert updates() > second
+
+
+@pytest.mark.slow
+def test_a_learner_process_started_on_another_host_trains_with_the_program(
+    tmp_path):
+  """--remote_learner_processes=1: the program runs learner process 0 and
+  waits for process 1, which `run_dmc.py --learner_peer=1` starts from the
+  run directory, here in another network namespace (a veth pair) when this
+  runs as root, so the coordination service, gloo and Reverb all go over
+  that link (each side's gloo on its --bind address). Both reach the budget
+  with the same update count; the launch's learner_peers.pkl is gone after."""
+  import portpicker
+
+  from tests import netns as ns
+  logdir = tmp_path / 'run'
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONUNBUFFERED': '1'}
+  env.pop('XLA_FLAGS', None)
+  in_ns = ns.up()
+  host, peer_host = (ns.HOST_IP, ns.NS_IP) if in_ns else ('127.0.0.1',
+                                                           '127.0.0.1')
+  run_dmc = os.path.join(REPO, 'experiments', 'run_dmc.py')
+  program_cmd = [
+      sys.executable, run_dmc,
+      f'--flagfile={os.path.join(REPO, "experiments", "flags", "smoke.flags")}',
+      f'--logdir={logdir}', '--eval_episodes=0', '--noreport',
+      '--jax_cache_dir=off', '--distributed', '--num_actors=1',
+      '--stop_grace=20', '--max_restarts=0', '--env_steps=300',
+      '--learner_processes=2', '--learner_devices=2',
+      '--remote_learner_processes=1',
+      f'--coordinator_address={host}:{portpicker.pick_unused_port()}',
+      f'--bind={host}']
+  peer_cmd = [sys.executable, run_dmc, '--distributed', '--learner_peer=1',
+              f'--logdir={logdir}', f'--bind={peer_host}']
+  if in_ns:
+    peer_cmd = ns.wrap(peer_cmd)
+  with open(tmp_path / 'program.log', 'w') as out, \
+       open(tmp_path / 'peer.log', 'w') as peer_out:
+    program = subprocess.Popen(program_cmd, cwd=REPO, env=env, stdout=out,
+                               stderr=subprocess.STDOUT)
+    peer = subprocess.Popen(peer_cmd, cwd=REPO, env=env, stdout=peer_out,
+                            stderr=subprocess.STDOUT)
+    try:
+      assert program.wait(900) == 0, (tmp_path / 'program.log').read_text()[-4000:]
+      assert peer.wait(120) == 0, (tmp_path / 'peer.log').read_text()[-4000:]
+    finally:
+      for p in (program, peer):
+        if p.poll() is None:
+          p.kill()
+      if in_ns:
+        ns.down()
+  peer_text = (tmp_path / 'peer.log').read_text()
+  assert f'(replay {host}:' in peer_text
+  peer_updates = int(peer_text.split('[learner 1] stopped after ')[1].split()[0])
+  from experiments.run import rundir
+  final = rundir.load_run_state(rundir.latest_run_checkpoint(str(logdir)))
+  updates = final['learner']['updates']       # the final checkpoint's count
+  assert updates > 0 and peer_updates == updates
+  assert not (logdir / 'learner_peers.pkl').exists()

@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from experiments.layouts.distributed import lp_init
+from experiments.layouts.distributed import learner_peer, lp_init
 from experiments.layouts.distributed.node_utils import touch
 from experiments.layouts.distributed.program import build_program, local_resources
 from experiments.layouts.distributed.spec import (
@@ -243,6 +243,10 @@ def _launch(spec) -> Dict[str, Any]:
   with supervisor.installed(make_manager):
     manager = lp.launch(program, launch_type='local_mp',
                         terminal=dist.terminal, local_resources=resources)
+  # Launchpad bound the nodes' addresses at launch: remote learner peers
+  # can now be told this launch's Reverb port.
+  peers_file = learner_peer.publish(spec, int(
+      program.groups['replay'][0].reverb_address.resolve().rpartition(':')[2]))
   # Launchpad's last resort after the termination notice kills the launcher
   # too; keep it alive so it can report and clean up (workers still die).
   manager._kill_main_thread = False  # noqa: SLF001
@@ -280,6 +284,8 @@ def _launch(spec) -> Dict[str, Any]:
   supervised = manager_box.get('m')
   if supervised is not None:
     supervised.close()
+  if peers_file and os.path.exists(peers_file):
+    os.remove(peers_file)       # this launch is over
   if leftovers:
     log(f'[run] killed processes left after the stop: {leftovers}')
   fatal = supervised.fatal if supervised is not None else None

@@ -21,9 +21,9 @@ import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent import parallel
 from agent.learner import StopRequested
 from experiments.layouts.distributed.join_slots import LEAVE_WAIT_S, JoinSlots
+from experiments.layouts.distributed.addresses import advertised_host
 from experiments.layouts.distributed.node_utils import (
-    SyncedCounter, advertised_host, lp_hooks, record_error, touch,
-    wait_for_replay)
+    SyncedCounter, lp_hooks, record_error, touch, wait_for_replay)
 from experiments.layouts.distributed.spec import (
     JOIN_FILE, MODE, STEP_ID_MARGIN, ProgramSpec)
 from experiments.run import health, metrics, rundir
@@ -47,7 +47,8 @@ class LearnerNode:
     # Process 0 of a multi-process learner (before anything touches jax's
     # devices); the others are ``learner_peer.LearnerPeerNode``s.
     parallel.initialize_processes(spec.coordinator_address,
-                                  spec.dist.learner_processes, 0)
+                                  spec.dist.learner_processes, 0,
+                                  gloo_host=spec.dist.gloo_host)
     import jax
 
     from agent.builder import seed_keys

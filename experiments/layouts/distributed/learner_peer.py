@@ -11,16 +11,30 @@ process's latent store, so each store holds what one learner's would (spec
 5.9). It writes nothing: no rows, no checkpoints, no counts. On resume it
 loads the same checkpoint as process 0 (the run directory must be visible
 to it). It stops when process 0 stops the learner or at the program's stop.
+
+Peers on other hosts (``--remote_learner_processes=R``: the last R of the
+processes): the launcher publishes this launch's spec and Reverb address in
+``<logdir>/learner_peers.pkl`` (``publish``), and ``run_dmc.py --distributed
+--learner_peer=K --logdir=<the same run directory> [--bind=HOST]`` on the
+other host runs process K from it (``run_remote_peer``). The run directory
+must be shared at the same path (the peer reads the spec and, on resume,
+the checkpoint); a restarted program needs its remote peers started again.
 """
 
 from __future__ import annotations
+
+import os
+import pickle
+import time
+from typing import Optional
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent import parallel
 from agent.builder import seed_keys
 from agent.learner import StopRequested
+from experiments.layouts.distributed.addresses import advertised_host
 from experiments.layouts.distributed.node_utils import (
-    lp_hooks, record_error, wait_for_replay)
+    in_launchpad, lp_hooks, record_error, wait_for_replay)
 from experiments.layouts.distributed.spec import ProgramSpec
 from experiments.run import rundir
 from experiments.run.config import log
@@ -30,9 +44,11 @@ from reverb_tables import checkpoint as rckpt
 class LearnerPeerNode:
   """Learner process ``process_id`` (>= 1) of ``spec.dist.learner_processes``."""
 
-  def __init__(self, spec: ProgramSpec, process_id: int, replay):
-    parallel.initialize_processes(spec.coordinator_address,
-                                  spec.dist.learner_processes, process_id)
+  def __init__(self, spec: ProgramSpec, process_id: int, replay,
+               gloo_host: Optional[str] = None):
+    parallel.initialize_processes(
+        spec.coordinator_address, spec.dist.learner_processes, process_id,
+        gloo_host=spec.dist.gloo_host if gloo_host is None else gloo_host)
     self._spec, self._id = spec, int(process_id)
     self._stop_event, _ = lp_hooks()
     self._learner = None
@@ -67,4 +83,55 @@ class LearnerPeerNode:
     finally:
       self._dataset.close()
     log(f'[learner {self._id}] stopped after {self._learner.num_steps} updates')
-    self._stop_event.wait()          # until the program stops
+    if in_launchpad():
+      self._stop_event.wait()        # until the program stops
+
+
+# --- peers on other hosts -----------------------------------------------------------
+
+PEERS_FILE = 'learner_peers.pkl'
+
+
+def publish(spec: ProgramSpec, replay_port: int) -> Optional[str]:
+  """Writes ``<logdir>/learner_peers.pkl`` for the remote peers of this
+  launch (spec and Reverb address); None without remote peers."""
+  if not spec.dist.remote_learner_processes:
+    return None
+  path = os.path.join(spec.run.logdir, PEERS_FILE)
+  replay = f'{advertised_host(spec.dist.bind)}:{int(replay_port)}'
+  rundir.atomic_write(path, pickle.dumps({'spec': spec, 'replay': replay}))
+  first = spec.dist.learner_processes - spec.dist.remote_learner_processes
+  log(f'[run] start learner processes {first}..'
+      f'{spec.dist.learner_processes - 1} on their hosts (within 300 s): '
+      f'python experiments/run_dmc.py --distributed --learner_peer=K '
+      f'--logdir={spec.run.logdir} --bind=<that host>')
+  return path
+
+
+def run_remote_peer(logdir: str, process_id: int, bind: str = '',
+                    wait_s: float = 300.0) -> None:
+  """Runs learner process ``process_id`` of the program whose run directory
+  is ``logdir`` (``publish``); returns when that launch's learner stops.
+  ValueError when the id is not one of the program's remote processes."""
+  import reverb
+  path = os.path.join(os.path.abspath(logdir), PEERS_FILE)
+  deadline = time.monotonic() + wait_s
+  while not os.path.exists(path):
+    if time.monotonic() > deadline:
+      raise RuntimeError(f'no {path} after {wait_s:.0f}s: start the program '
+                         '(with --remote_learner_processes) first')
+    time.sleep(1.0)
+  with open(path, 'rb') as f:
+    info = pickle.load(f)
+  spec: ProgramSpec = info['spec']
+  dist = spec.dist
+  first = dist.learner_processes - dist.remote_learner_processes
+  if not first <= process_id < dist.learner_processes:
+    raise ValueError(f'--learner_peer {process_id}: the program at {logdir} '
+                     f'waits for remote learner processes {first}..'
+                     f'{dist.learner_processes - 1}')
+  log(f'[learner {process_id}] joining {spec.coordinator_address} '
+      f'(replay {info["replay"]})')
+  node = LearnerPeerNode(spec, process_id, reverb.Client(info['replay']),
+                         gloo_host=advertised_host(bind) if bind else '')
+  node.run()

@@ -245,7 +245,8 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
   learner_node.configure(spec, replay, counter, actors, evaluator, own)
   with program.group('learner'):
     program.add_node(learner_node)
-    for k in range(1, dist.learner_processes):   # multi-process learner
+    local = dist.learner_processes - dist.remote_learner_processes
+    for k in range(1, local):      # multi-process learner, on this machine
       program.add_node(lp.CourierNode(LearnerPeerNode, spec, k, replay))
   with program.group('actor'):
     for node in actor_nodes:

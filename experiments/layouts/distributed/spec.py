@@ -16,6 +16,7 @@ from typing import Any, Dict, Optional
 from agent.config import DreamerConfig
 from agent.parallel import check_processes
 from agent.types import EnvSpaces
+from experiments.layouts.distributed.addresses import advertised_host
 from experiments.run.config import RunConfig
 from reverb_tables.latent_store import id_jump
 
@@ -78,6 +79,10 @@ class DistributedConfig:
     data-parallel over all their devices (``agent.parallel``).
   coordinator_address: ``host:port`` of the learner processes' coordination
     service (process 0); '' picks a free port on 127.0.0.1 at each launch.
+  remote_learner_processes: how many of the learner processes (the last
+    ones) are started on other hosts (``learner_peer.run_remote_peer``,
+    ``run_dmc.py --learner_peer=K``) rather than by this program; needs a
+    ``coordinator_address`` they reach.
   join_slots: env workers reserved for remote actors that join the running
     program (``join.py``; ``join_slots.py``); 0: none can join.
   join_port: the learner's courier port, where remote actors join; 0 picks
@@ -101,6 +106,7 @@ class DistributedConfig:
   max_restarts: int = 3
   learner_processes: int = 1
   coordinator_address: str = ''
+  remote_learner_processes: int = 0
   join_slots: int = 0
   join_port: int = 0
   bind: str = ''
@@ -121,6 +127,15 @@ class DistributedConfig:
     if self.learner_processes < 1:
       raise ValueError(f'--learner_processes must be >= 1, got '
                        f'{self.learner_processes}')
+    if not 0 <= self.remote_learner_processes < self.learner_processes:
+      raise ValueError(
+          f'--remote_learner_processes must be in [0, --learner_processes '
+          f'{self.learner_processes}) (process 0 runs in this program), got '
+          f'{self.remote_learner_processes}')
+    if self.remote_learner_processes and not self.coordinator_address:
+      raise ValueError('--remote_learner_processes needs --coordinator_address'
+                       '=HOST:PORT, an address of this host that the other '
+                       'learner hosts reach')
     if self.join_slots < 0:
       raise ValueError(f'--join_slots must be >= 0, got {self.join_slots}')
     if not 0 <= self.join_port <= 65535:
@@ -132,6 +147,13 @@ class DistributedConfig:
     if self.terminal not in TERMINALS:
       raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
                        f'{self.terminal!r}')
+
+  @property
+  def gloo_host(self) -> str:
+    """Where this program's learner processes listen for gloo collectives:
+    the ``bind`` host when one is set, else jax's default (the host name's
+    address)."""
+    return advertised_host(self.bind) if self.bind else ''
 
   @property
   def restarts_in_place(self) -> bool:
@@ -166,6 +188,7 @@ class ProgramSpec:
   resume: Optional[str] = None
   run_state: Optional[Dict[str, Any]] = None
   coordinator_address: str = ''
+  remote_learner_processes: int = 0
   join_slots: int = 0
   join_port: int = 0
   bind: str = ''
