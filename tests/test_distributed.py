@@ -63,9 +63,11 @@ def test_program_groups_and_serialisation(tmp_path):
   for nodes in program.groups.values():
     cloudpickle.dumps([node.function for node in nodes])
   # The learner is wired to both actors and the evaluator (checkpoints read
-  # their state); actors get the replay, learner and counter handles.
+  # their state) and to itself (its address, for join.json); actors get the
+  # replay, learner and counter handles.
   learner = program.groups['learner'][0]
-  assert len(learner.input_handles) == 2 + 2 + 1   # replay, counter, actors, eval
+  assert len(learner.input_handles) == 2 + 2 + 1 + 1  # replay, counter,
+  # actors, eval, own
   for actor in program.groups['actor']:
     assert len(actor.input_handles) == 3
   resources = program_lib.local_resources(spec, '/x/lp_init.pkl', program.groups)

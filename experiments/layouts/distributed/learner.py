@@ -20,8 +20,8 @@ import numpy as np
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent import parallel
 from agent.learner import StopRequested
-from experiments.layouts.distributed.join_slots import LEAVE_WAIT_S, JoinSlots
 from experiments.layouts.distributed.addresses import advertised_host
+from experiments.layouts.distributed.join_slots import LEAVE_WAIT_S, JoinSlots
 from experiments.layouts.distributed.node_utils import (
     SyncedCounter, lp_hooks, record_error, touch, wait_for_replay)
 from experiments.layouts.distributed.spec import (
@@ -170,12 +170,12 @@ class LearnerNode:
                     episodes: Sequence[Sequence[float]]) -> None:
     """A remote actor's finished episodes [(env_step, score)]: into
     scores.jsonl and the train rows' recent score, like any actor's."""
+    del claim   # the scores file has no actor column
     run = self._spec.run
     for env_step, score in episodes:
       rundir.append_score(run.logdir, run.task, int(env_step), float(score),
                           self._spec.config.seed)
       self._join_scores = (self._join_scores + [float(score)])[-5:]
-    log(f'[learner] claim {claim}: {len(episodes)} episodes')
 
   def join_leave(self, claim: int, stats: Dict[str, float]) -> bool:
     with self._join_lock:
