@@ -180,7 +180,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                      "heartbeat after which a remote actor's join slots are "
                      'freed (it died or lost the network).', **F)
   flags.DEFINE_string('join', '', 'HOST:PORT of a running --distributed '
-                      "program's learner (its <logdir>/join.json): act for it "
+                      "program's learner, or its run directory (whose join.json "
+                      'names it): act for it '
                       'with --num_envs envs on this host, with its settings '
                       '(experiments/layouts/distributed/join.py).', **F)
 
@@ -221,7 +222,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('learner_processes', lambda x: x is not None and 1 <= x <= 64,
     'must be in [1, 64]')
   v('coordinator_address', _address_ok, 'must be HOST:PORT (or empty)')
-  v('join', _address_ok, 'must be HOST:PORT (or empty)')
+  v('join', lambda x: _address_ok(x) or os.path.exists(str(x)),
+    'must be HOST:PORT or a run directory with a join.json (or empty)')
   v('join_slots', lambda x: x is not None and 0 <= x <= 1000,
     'must be in [0, 1000]')
   v('remote_learner_processes', lambda x: x is not None and 0 <= x <= 63,

@@ -22,6 +22,7 @@ import pytest
 from absl import flags
 
 from experiments import options
+from experiments.layouts.distributed import join
 from experiments.layouts.distributed.join_slots import JoinSlots
 from experiments.run import rundir
 from agent.config import make_config
@@ -115,6 +116,15 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   assert options.join_args_from_flags(_parse(
       '--distributed', '--join=10.0.0.1:7070', '--num_envs=3')) == (
           '10.0.0.1:7070', 3)
+  # ... or the program's run directory, whose join.json names the address.
+  assert options.join_args_from_flags(_parse(
+      '--distributed', f'--join={tmp_path}'))[0] == str(tmp_path)
+  with pytest.raises(ValueError, match='no join.json there'):
+    join.learner_address(str(tmp_path))
+  (tmp_path / 'join.json').write_text('{"address": "10.0.0.1:7070"}')
+  assert join.learner_address(str(tmp_path)) == '10.0.0.1:7070'
+  with pytest.raises(ValueError, match='must be HOST:PORT or a run directory'):
+    join.parse_address('10.0.0.1')
   base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
   with pytest.raises(ValueError, match='need --distributed'):
     options.configs_from_flags(_parse(*base, '--join_slots=2'))
@@ -180,9 +190,10 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
   namespace when possible, reaching the program at its veth address) joins;
   its episodes reach the scores and its items the replay; it is SIGKILLed.
   The run goes on (updates, and the limiter's ratio within 10 % at the
-  end); the lease frees A's slots; B (1 env, loopback) claims
-  one with step ids past A's, stays to the budget and leaves cleanly. A
-  resume with other --join_slots is refused before anything is written."""
+  end); the lease frees A's slots; B (1 env, this namespace, the address
+  from the run directory's join.json) claims one with step ids past A's,
+  stays to the budget and leaves cleanly. A resume with other --join_slots
+  is refused before anything is written."""
   logdir = str(tmp_path / 'run')
   netns = ns.up()
   host = ns.HOST_IP if netns else '127.0.0.1'
@@ -219,7 +230,7 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
     assert row['join/actors'] == 0
     assert row['updates'] > killed_at['updates']
     log_b = open(tmp_path / 'b.log', 'w')
-    b = _joiner(f'127.0.0.1:{address.rpartition(":")[2]}', 1, log_b)
+    b = _joiner(logdir, 1, log_b)          # the address from join.json
     procs.append(b)
     assert b.wait(400) == 0, open(tmp_path / 'b.log').read()[-3000:]
     assert program.wait(120) == 0, open(tmp_path / 'main.log').read()[-3000:]

@@ -8,7 +8,7 @@ r"""Remote actors: act for a running Launchpad program from another host.
       --num_envs=4
 
 The joining process asks the program's learner (its courier server at
-``--join``) for ``--num_envs`` join slots (``join_slots.JoinSlots``). The
+``--join``: HOST:PORT, or a run directory whose ``join.json`` names it) for ``--num_envs`` join slots (``join_slots.JoinSlots``). The
 answer carries the program's settings (task, agent config, action repeat:
 a remote actor has no settings of its own) and the ports of the Reverb server
 and the counter on the same host. It then runs the program's own actor
@@ -36,6 +36,7 @@ So this is one plain process with the program's actor in it.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -47,18 +48,34 @@ from typing import Any, Dict, Optional
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from experiments.layouts.distributed.actor import ActorNode
 from experiments.layouts.distributed.join_slots import HEARTBEAT_S
+from experiments.layouts.distributed.spec import JOIN_FILE
 from experiments.run.config import log
 
 # How long a joining actor keeps trying to reach the learner at the start.
 CONNECT_S = 300.0
 
 
+def learner_address(target: str) -> str:
+  """``--join``: HOST:PORT as given, or the address in a run directory's
+  ``join.json`` (the directory or the file itself, e.g. on a shared file
+  system)."""
+  target = str(target)
+  path = os.path.join(target, JOIN_FILE) if os.path.isdir(target) else target
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)['address']
+  if os.path.isdir(target):
+    raise ValueError(f'--join {target}: no {JOIN_FILE} there (the program '
+                     'writes it when started with --join_slots)')
+  return target
+
+
 def parse_address(address: str):
   """'HOST:PORT' -> (host, port); ValueError naming the flag otherwise."""
   host, sep, port = str(address).rpartition(':')
   if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
-    raise ValueError(f'--join must be HOST:PORT (the learner address in the '
-                     f"program's <logdir>/join.json), got {address!r}")
+    raise ValueError(f'--join must be HOST:PORT or a run directory with a '
+                     f'{JOIN_FILE}, got {address!r}')
   return host, int(port)
 
 
@@ -163,6 +180,7 @@ def join_program(address: str, num_envs: int,
   import courier
   import reverb
 
+  address = learner_address(address)
   host, _ = parse_address(address)
   if num_envs < 1:
     raise ValueError(f'--num_envs must be >= 1, got {num_envs}')
