@@ -171,11 +171,13 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer('join_port', 0, "--distributed: the learner's port, "
                        'where remote actors join; 0: a free one at each '
                        'launch (see <logdir>/join.json).', **F)
-  flags.DEFINE_string('bind', '', '--distributed: the host remote actors '
-                      "reach this program at ('' localhost; 0.0.0.0 this "
-                      "machine's first non-loopback IPv4 address), written to "
-                      '<logdir>/join.json. The servers listen on every '
-                      'interface regardless.', **F)
+  flags.DEFINE_string('bind', '', '--distributed / --learner_peer: the '
+                      'address other hosts reach this one at (\'\' localhost; '
+                      "0.0.0.0 this machine's first non-loopback IPv4 "
+                      'address): written to <logdir>/join.json and '
+                      'learner_peers.pkl, and where gloo listens for the '
+                      "learner processes' collectives. Reverb and courier "
+                      'listen on every interface regardless.', **F)
   flags.DEFINE_float('join_lease', 60.0, '--distributed: seconds without a '
                      "heartbeat after which a remote actor's join slots are "
                      'freed (it died or lost the network).', **F)
