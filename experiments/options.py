@@ -50,6 +50,27 @@ PEER_FLAG_NAMES = ('distributed', 'learner_peer', 'logdir', 'bind')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
+def jax_process_env(environ=None) -> dict:
+  """Defaults of the learner-process flags from the environment variables
+  jax's own ``jax.distributed`` reads or documents (``JAX_COORDINATOR_ADDRESS``,
+  ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``): a cluster that sets them per
+  host needs no flags for them. ValueError naming a malformed one."""
+  environ = os.environ if environ is None else environ
+
+  def integer(name, default):
+    raw = environ.get(name, '')
+    if not raw:
+      return default
+    if not raw.strip().isdigit():
+      raise ValueError(f'${name}={raw!r} is not a non-negative integer')
+    return int(raw)
+
+  process_id = integer('JAX_PROCESS_ID', 0)
+  return {'coordinator_address': environ.get('JAX_COORDINATOR_ADDRESS', ''),
+          'learner_processes': integer('JAX_NUM_PROCESSES', 1),
+          'learner_peer': process_id or None}
+
+
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the run flags (and their validators) on ``fv``."""
   F = dict(flag_values=fv)
@@ -146,25 +167,32 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'any other dead node restarts the program from its last '
                        'checkpoint up to this many times; 0 stops at the first '
                        'dead node.', **F)
-  flags.DEFINE_integer('learner_processes', 1, '--distributed: learner '
+  env = jax_process_env()
+  flags.DEFINE_integer('learner_processes', env['learner_processes'],
+                       '--distributed: learner '
                        'processes (jax.distributed, gloo collectives on a '
                        'CPU); the update runs data-parallel over the '
                        '--learner_devices of all of them, which must be a '
-                       'multiple. Each samples its share of the batch.', **F)
-  flags.DEFINE_string('coordinator_address', '', '--distributed with '
+                       'multiple. Each samples its share of the batch. '
+                       'Default $JAX_NUM_PROCESSES or 1.', **F)
+  flags.DEFINE_string('coordinator_address', env['coordinator_address'],
+                      '--distributed with '
                       '--learner_processes > 1: host:port of the learner '
-                      "processes' coordination service; default a free port "
-                      'on 127.0.0.1.', **F)
+                      "processes' coordination service; default "
+                      '$JAX_COORDINATOR_ADDRESS or a free port on 127.0.0.1.',
+                      **F)
   flags.DEFINE_integer('remote_learner_processes', 0, '--distributed with '
                        '--learner_processes: how many of them (the last ones) '
                        'are started on other hosts with --learner_peer '
                        'instead of by this program; needs a '
                        '--coordinator_address they reach.', **F)
-  flags.DEFINE_integer('learner_peer', None, 'Run learner process K of a '
+  flags.DEFINE_integer('learner_peer', env['learner_peer'],
+                       'Run learner process K of a '
                        '--distributed program started elsewhere with '
                        '--remote_learner_processes, from its run directory '
                        '(--logdir, shared at the same path); --bind: the '
-                       'address of this host the others reach.', **F)
+                       'address of this host the others reach. Default '
+                       '$JAX_PROCESS_ID when it is >= 1.', **F)
   flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
                        'for remote actors that join the running program '
                        '(--join); 0: none can join.', **F)
@@ -369,9 +397,15 @@ def join_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
 
 def peer_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
   """(logdir, process id, bind) of a remote learner process
-  (``--learner_peer``); ValueError as ``join_args_from_flags``."""
-  _only(fv, PEER_FLAG_NAMES, '--learner_peer',
-        '--distributed --learner_peer=K --logdir=DIR [--bind=HOST]')
+  (``--learner_peer``); ValueError as ``join_args_from_flags``. When the id
+  comes from ``$JAX_PROCESS_ID`` (the same command line on every host), the
+  program's own flags on it are ignored rather than refused."""
+  if fv['learner_peer'].present:
+    _only(fv, PEER_FLAG_NAMES, '--learner_peer',
+          '--distributed --learner_peer=K --logdir=DIR [--bind=HOST]')
+  elif not fv.distributed:
+    raise ValueError('$JAX_PROCESS_ID >= 1 runs a remote learner process, '
+                     'which needs --distributed')
   if not fv.logdir:
     raise ValueError('--learner_peer needs --logdir: the program\'s run '
                      'directory, shared at the same path')

@@ -172,5 +172,9 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  options.define_flags()
+  try:
+    options.define_flags()
+  except ValueError as e:    # a malformed $JAX_* variable (options.py)
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
   app.run(main)

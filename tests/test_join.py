@@ -150,6 +150,15 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   assert options.peer_args_from_flags(_parse(
       '--distributed', '--learner_peer=1', f'--logdir={tmp_path}',
       '--bind=10.0.0.2')) == (str(tmp_path), 1, '10.0.0.2')
+  # ... or from jax's environment variables: the same command on every host.
+  env = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:6000', 'JAX_NUM_PROCESSES': '2',
+         'JAX_PROCESS_ID': '1'}
+  assert options.jax_process_env(env) == {
+      'coordinator_address': '10.0.0.1:6000', 'learner_processes': 2,
+      'learner_peer': 1}
+  assert options.jax_process_env({})['learner_peer'] is None
+  with pytest.raises(ValueError, match='JAX_NUM_PROCESSES'):
+    options.jax_process_env({'JAX_NUM_PROCESSES': 'two'})
   assert not (tmp_path / 'r').exists()
 
 
