@@ -30,7 +30,8 @@ Files: spec.py (what every node is given), node_utils.py, learner.py,
 learner_peer.py, actor.py and evaluator.py (the worker nodes), this file (replay, counter and
 limiter nodes, the program), launch.py (validate, launch, restart, report),
 supervisor.py (restarts of dead nodes, issue 22), lp_init.py (per-process
-set-up).
+set-up), join.py and join_slots.py (remote actors that join a running
+program), addresses.py (the address other hosts reach, ``--bind``).
 
 Worker ids: all actors write into one global layout of ``num_envs`` env
 workers; actor k's adder has ``worker_offset = k * n`` (n envs per actor), so
