@@ -87,9 +87,11 @@ class DistributedConfig:
     program (``join.py``; ``join_slots.py``); 0: none can join.
   join_port: the learner's courier port, where remote actors join; 0 picks
     a free one at each launch (then read ``<logdir>/join.json``).
-  bind: the host remote actors reach this program at, written to
-    ``join.json``: '' -> 'localhost'; '0.0.0.0' -> this machine's first
-    non-loopback IPv4 address; else used as given. Reverb and courier servers
+  bind: the host other machines reach this one at (``addresses.py``):
+    written to ``join.json`` (remote actors) and ``learner_peers.pkl``
+    (remote learner processes), and where gloo listens (``gloo_host``);
+    '' -> 'localhost' (gloo: jax's default); '0.0.0.0' -> this machine's
+    first non-loopback IPv4 address; else used as given. Reverb and courier servers
     listen on every interface whatever this says (their servers take a port
     only), so keep untrusted networks out with a firewall.
   join_lease_s: a remote actor's claim ends after this long without a
