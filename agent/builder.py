@@ -157,7 +157,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
                             on_wait=None) -> ReplayIterator:
     """Training batches (5.3), one ahead (6.3b), with write-back latents
     (5.8, 5.9) overlaid after the previous update's write-back."""
-    store = LatentStore(self.config, self.num_envs + self.join_workers)
+    workers = self.num_envs + self.join_workers
+    store = LatentStore(self.config, workers)
     # Of several learner processes only process 0 pops the online queue,
     # and it counts the others' rows too (the learner's row counts).
     place = self.placement
@@ -166,7 +167,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     sampler = ReplaySampler(
         replay_client, self.config, None, seed=self.config.seed,
         step_spec=self.step_spec, take_online=first,
-        peer_uniform_rows=(place.processes - 1) * rows if first else 0)
+        peer_uniform_rows=(place.processes - 1) * rows if first else 0,
+        num_workers=workers)
     put = None
     device = jax.local_devices()[0]
     if self._device_prefetch and device.platform != 'cpu':

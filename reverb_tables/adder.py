@@ -42,6 +42,7 @@ import tree
 
 from reverb_tables.config import ReplayConfig
 from reverb_tables.packing import PACKED_KEY, StepLayout
+from reverb_tables.step_checks import step_problems
 from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE
 
 STEP_ID_KEY = 'step_id'
@@ -50,10 +51,6 @@ STEP_ID_KEY = 'step_id'
 # ~11.5 KB at 1, ~4.75 KB at 16, ~4.6 KB at 32, ~4.7 KB at 48; 32 also inserts
 # fastest. Cost: the newest <= 31 items per worker wait for their chunk.
 DEFAULT_CHUNK_LENGTH = 32
-# Float leaves checked for NaN/Inf before writing (observations, action, reward).
-_FINITE_ROOTS = ('observation', 'action', 'reward')
-
-
 # Reverb's TrajectoryWriter logs "The number of pending items is alarmingly
 # high" once a writer holds 50 unsent + unconfirmed items.
 _PENDING_ITEMS_WARNING = 50
@@ -84,8 +81,6 @@ class _LeafSpec:
     self.name = _path_name(path)
     self.shape = tuple(int(d) for d in shape)
     self.dtype = np.dtype(dtype)
-    self.check_finite = (self.path[0] in _FINITE_ROOTS and
-                         self.dtype.kind == 'f')
 
 
 def step_layout_from_server(client: reverb.Client, table: str = UNIFORM_TABLE,
@@ -294,7 +289,8 @@ class WindowAdder:
     self._lengths[worker] = n + 1
 
   def _validate(self, steps, workers: np.ndarray, batched: bool):
-    """Checks keys, shapes, dtypes and finiteness; returns flat numpy leaves.
+    """Checks keys, shapes, dtypes and values (``reverb_tables.step_checks``:
+    finite, latent classes in range); returns flat numpy leaves.
 
     Nothing is written here, so a bad step leaves the replay untouched.
     step_id is filled with (worker, lengths[worker]) when absent or None and
@@ -326,9 +322,6 @@ class WindowAdder:
       if arr.dtype != leaf.dtype:
         raise ValueError(f'step key {leaf.name!r}: dtype {arr.dtype}, '
                          f'expected {leaf.dtype}')
-      if leaf.check_finite and not np.isfinite(arr).all():
-        bad = 'NaN' if np.isnan(arr).any() else 'Inf'
-        raise ValueError(f'step key {leaf.name!r} contains {bad}')
       if leaf.path == (STEP_ID_KEY,) and given_ids and not np.array_equal(
           arr, expected):
         raise ValueError(
@@ -336,6 +329,10 @@ class WindowAdder:
             f'{expected.tolist()}, got {arr.tolist()}; omit it and the adder '
             'fills it')
       flat.append(arr)
+    values = tree.unflatten_as(self._spec, flat)
+    _, problems = step_problems(values, len(lead), self._config.classes)
+    for name, what in problems.items():   # reverb_tables.step_checks
+      raise ValueError(f'step key {name!r} {what}')
     return flat
 
   def _check_keys(self, value, spec, path) -> None:

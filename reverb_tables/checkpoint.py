@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import reverb
 
+from reverb_tables.files import atomic_write
 from reverb_tables.tables import make_server
 
 _DONE = 'DONE'
@@ -80,16 +81,6 @@ def restore_server(tables: Sequence[reverb.Table], checkpoint_dir: str,
   if latest_checkpoint(checkpoint_dir) is None:
     raise FileNotFoundError(f'no Reverb checkpoint in {checkpoint_dir}')
   return make_server(tables, port=port, checkpoint_dir=checkpoint_dir)
-
-
-def atomic_write(path: str, data) -> None:
-  """Writes bytes or text to `path` via a fsynced temp file and a rename."""
-  tmp = f'{path}.tmp.{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(data.encode() if isinstance(data, str) else data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def save_replay_state(directory: str, reverb_checkpoint: Optional[str] = None,

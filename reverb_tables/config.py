@@ -36,6 +36,8 @@ class ReplayConfig:
     batch_steps         B*T, the train-ratio denominator (spec 6.1)
     deter               stored deterministic-state width D (spec 5.7)
     stoch               stored stochastic latents S (class indices, spec 5.7)
+    classes             classes C of each latent: stored indices are < C
+                        (spec 2.1, 5.7; ``reverb_tables.step_checks``)
     latent_store_dtype  stored deter dtype, 'bfloat16' or 'float32' (spec 5.7)
     seed                run seed (spec 6.5; see ``reverb_tables.sampler``)
   """
@@ -50,12 +52,13 @@ class ReplayConfig:
   batch_steps: int
   deter: int
   stoch: int
+  classes: int
   latent_store_dtype: str
   seed: int
 
   def __post_init__(self):
     for name in ('seq_len', 'batch_size', 'batch_length', 'replay_capacity',
-                 'batch_steps', 'deter', 'stoch'):
+                 'batch_steps', 'deter', 'stoch', 'classes'):
       if getattr(self, name) <= 0:
         raise ValueError(f'ReplayConfig.{name} must be positive, got '
                          f'{getattr(self, name)}')
@@ -111,6 +114,7 @@ class ReplayConfig:
         batch_steps=int(values['batch_steps']),
         deter=int(values['deter']),
         stoch=int(values['stoch']),
+        classes=int(values['classes']),
         latent_store_dtype=str(values['latent_store_dtype']),
         seed=int(values['seed']))
 

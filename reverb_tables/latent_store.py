@@ -19,7 +19,10 @@ place, a joined remote actor) starts again at slot 0 and allocates nothing
 new.
 
 Write-backs for steps that the ring has already recycled are skipped, like the
-reference skips rows whose chunk was evicted (spec 5.6). Stored values use the
+reference skips rows whose chunk was evicted (spec 5.6); so are latents that
+are not finite or hold a class index >= classes (``reverb_tables.step_checks``:
+a diverged update must not hand later batches a NaN replay context), counted
+in ``num_invalid``. Stored values use the
 packed format of ``agent.latents.pack`` (deter as bf16 bits in uint16 or f32,
 stoch as uint8 class indices, spec 5.7).
 """
@@ -28,12 +31,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from reverb_tables.config import ReplayConfig, latent_store_np_dtype
+from reverb_tables.files import atomic_write
+from reverb_tables.step_checks import finite
 
 _MIN_ALLOC = 1024
 
@@ -78,6 +82,8 @@ class LatentStore:
     self._cap = int(per_worker_capacity)
     self._deter_dim = int(config.deter)
     self._stoch_dim = int(config.stoch)
+    self._classes = int(config.classes)
+    self.num_invalid = 0           # write-backs refused (module doc)
     self._deter_dtype = np.dtype(latent_store_np_dtype(config))
     self._alloc = 0
     self._ids = np.zeros((self._num_workers, 0), np.int64)
@@ -138,15 +144,19 @@ class LatentStore:
     ids = ids.reshape(-1, 2)
     if not len(ids):
       return 0
+    deter = deter.reshape(-1, self._deter_dim)
+    stoch = stoch.reshape(-1, self._stoch_dim)
+    valid = finite(deter).all(-1) & (stoch < self._classes).all(-1)
+    self.num_invalid += int((~valid).sum())
     worker, index = ids[:, 0], ids[:, 1]
     slot = index % self._cap
     self._grow(int(slot.max()) + 1)
     # Skip steps whose slot already holds a newer step (recycled, spec 5.6).
-    keep = self._ids[worker, slot] <= index
+    keep = (self._ids[worker, slot] <= index) & valid
     worker, index, slot = worker[keep], index[keep], slot[keep]
     self._ids[worker, slot] = index
-    self._deter[worker, slot] = deter.reshape(-1, self._deter_dim)[keep]
-    self._stoch[worker, slot] = stoch.reshape(-1, self._stoch_dim)[keep]
+    self._deter[worker, slot] = deter[keep]
+    self._stoch[worker, slot] = stoch[keep]
     return int(keep.sum())
 
   def lookup(self, step_ids) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
@@ -177,17 +187,13 @@ class LatentStore:
 
   # -- persistence ---------------------------------------------------------------
   def save(self, path: str) -> None:
-    """Writes an .npz atomically (tmp file + rename)."""
+    """Writes an .npz atomically (``reverb_tables.files.atomic_write``)."""
     meta = {'num_workers': self._num_workers, 'cap': self._cap,
             'deter': self._deter_dim, 'stoch': self._stoch_dim,
             'deter_dtype': self._deter_dtype.str, 'alloc': self._alloc}
-    tmp = f'{path}.tmp.{os.getpid()}'
-    with open(tmp, 'wb') as f:
-      np.savez(f, meta=np.asarray(json.dumps(meta)), ids=self._ids,
-               deter=self._deter, stoch=self._stoch)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.savez(
+        f, meta=np.asarray(json.dumps(meta)), ids=self._ids,
+        deter=self._deter, stoch=self._stoch))
 
   def restore(self, path: str) -> None:
     """Loads a file written by ``save``; shapes must match this store."""

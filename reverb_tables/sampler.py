@@ -27,6 +27,17 @@ is copied out of the [B, 65, width] buffer into a C-contiguous array of its
 spec dtype (~1.5 ms for [16, 65] at size12m), so batches have the nested
 layout of ``agent.types`` exactly as before.
 
+Invalid items (defence in depth, issue 29): every step that enters through
+the adder was checked there, but the Reverb port takes inserts from anyone
+who reaches it. A sampled item whose column has the wrong shape, or a step
+with a problem of ``reverb_tables.step_checks`` (non-finite values, latent
+classes out of range, a step id outside the latent store's workers), is
+deleted from its table, counted (``num_dropped``, ``replay/dropped_items``)
+and replaced by another uniform draw, so it never reaches the update, where
+it would be taken for divergence or crash the latent store. After
+``MAX_DROPS_IN_A_ROW`` such items without one valid batch the replay is
+taken to be unusable and sampling raises.
+
 Queue size check: the queue size is read with ``tables.table_stats`` (the
 server info without decoding signatures, ~0.05 ms in process). The local ``reverb.Table.can_sample`` costs < 1 us
 but is wrong after a checkpoint restore (the server replaces the Python tables),
@@ -44,10 +55,14 @@ from reverb_tables.config import ReplayConfig
 from reverb_tables.adder import step_layout_from_server
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.packing import StepLayout
+from reverb_tables.step_checks import step_problems
 from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE, table_stats
 
 LATENT_KEY = 'latent'
 STEP_ID_KEY = 'step_id'
+# Invalid items dropped in a row (without one valid batch) after which the
+# replay is unusable (module doc).
+MAX_DROPS_IN_A_ROW = 10_000
 
 
 def annotate(batch: Dict[str, Any]) -> Dict[str, Any]:
@@ -79,6 +94,8 @@ class ReplaySampler:
       with each batch of this one (they sample in step with it); counted in
       ``num_uniform_rows`` so the row counts, and the spec 6.1 ratio made
       from them, are the whole learner's.
+    num_workers: env workers of the step-id layout (the latent store's);
+      an item with a step id of another worker is dropped (module doc).
   """
 
   def __init__(self, client: reverb.Client, config: ReplayConfig,
@@ -86,7 +103,8 @@ class ReplaySampler:
                seed: Optional[int] = None, step_spec: Any = None, *,
                uniform_table: str = UNIFORM_TABLE,
                online_table: str = ONLINE_TABLE, take_online: bool = True,
-               peer_uniform_rows: int = 0):
+               peer_uniform_rows: int = 0,
+               num_workers: Optional[int] = None):
     config = ReplayConfig.of(config)
     self._client = client
     self._config = config
@@ -100,8 +118,13 @@ class ReplaySampler:
       self._layout = step_layout_from_server(client, uniform_table)
     else:
       self._layout = StepLayout.from_step_spec(step_spec)
+    if num_workers is None and latent_store is not None:
+      num_workers = latent_store.num_workers
+    self._num_workers = num_workers
     self.num_online_rows = 0
     self.num_uniform_rows = 0
+    self.num_dropped = 0            # invalid items deleted (module doc)
+    self.last_drop_reason = ''
 
   @property
   def latent_store(self) -> Optional[LatentStore]:
@@ -115,12 +138,12 @@ class ReplaySampler:
   def sample_train(self, batch_size: Optional[int] = None) -> Dict[str, Any]:
     """Online rows first (non-blocking), then uniform rows (spec 5.3, 5.4)."""
     batch_size = batch_size or self._config.batch_size
-    rows: List[list] = []
+    rows: List[np.ndarray] = []
     if self._config.online_queue and self._take_online:
       num_online = min(batch_size, self.online_size())
       if num_online:
         rows += self._sample(self._online_table, num_online)
-        self.num_online_rows += num_online
+        self.num_online_rows += len(rows)
     num_uniform = batch_size - len(rows)
     if num_uniform:
       rows += self._sample(self._uniform_table, num_uniform)
@@ -150,23 +173,59 @@ class ReplaySampler:
 
   # -- internals ----------------------------------------------------------------
   def _sample(self, table: str, num: int) -> List[np.ndarray]:
-    """``num`` packed items, each uint8 [seq_len, width]."""
-    rows = []
+    """``num`` valid packed items of ``table``, each uint8 [seq_len, width];
+    invalid ones are deleted, counted and drawn again (module doc), from the
+    uniform table (an online item popped is gone either way)."""
+    rows: List[np.ndarray] = []
+    dropped = set()        # an item drawn twice in one draw counts once
+    while len(rows) < num:
+      got = self._draw(table, num - len(rows))
+      bad = [key for key, data in got if data is None]
+      good = [(key, data) for key, data in got if data is not None]
+      if good:
+        steps = self._layout.unpack(np.stack([d for _, d in good]))
+        invalid, reasons = step_problems(steps, 2, self._config.classes,
+                                         self._num_workers)
+        for (key, data), no in zip(good, np.atleast_1d(invalid)):
+          (bad.append(key) if no else rows.append(data))
+        if reasons:
+          name, what = next(iter(reasons.items()))
+          self.last_drop_reason = f'step key {name!r} {what}'
+      if bad:
+        new = set(bad) - dropped
+        self._client.mutate_priorities(table, deletes=sorted(new))
+        self.num_dropped += len(new)
+        dropped |= new
+        table = self._uniform_table
+        if len(dropped) >= MAX_DROPS_IN_A_ROW:
+          raise ValueError(
+              f'{len(dropped)} invalid replay items in a row (the last: '
+              f'{self.last_drop_reason}): the replay holds no usable data. '
+              'Something other than this run\'s actors writes to its Reverb '
+              'server (README "Security").')
+    return rows
+
+  def _draw(self, table: str, num: int) -> List[tuple]:
+    """``num`` sampled items as (key, packed uint8 [seq_len, width]), the
+    data None when the item's columns are not that layout."""
     want = (self._config.seq_len, self._layout.width)
     # ``client.sample`` keeps one item in flight (buffer_size=1), a round
     # trip per item; the same pybind sampler with all ``num`` in flight lets
     # the server fetch them together (~2x faster for [16, 65] at size12m).
     sampler = self._client._client.NewSampler(table, num, num)  # noqa: SLF001
+    out = []
     for _ in range(num):
-      data = sampler.GetNextTrajectory()[4:]   # key, prob, size, priority, data
-      if (len(data) != 1 or data[0].shape != want or
-          data[0].dtype != np.uint8):
-        raise ValueError(
+      item = sampler.GetNextTrajectory()   # key, prob, size, priority, data
+      data = item[4:]
+      ok = (len(data) == 1 and np.shape(data[0]) == want and
+            getattr(data[0], 'dtype', None) == np.uint8)
+      if not ok:
+        self.last_drop_reason = (
             f'table {table!r} returned columns '
             f'{[list(np.shape(x)) for x in data]}, the packed step layout '
             f'needs one uint8 {list(want)}')
-      rows.append(data[0])
-    return rows
+      out.append((int(item[0]), data[0] if ok else None))
+    return out
 
   def _assemble(self, rows: List[np.ndarray]) -> Dict[str, Any]:
     batch = annotate(self._layout.unpack(np.stack(rows)))

@@ -12,7 +12,6 @@ first)."""
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 
@@ -58,8 +57,12 @@ def test_skip_guard_stops_after_n_consecutive_and_names_the_checkpoint(tmp_path)
   for m in (ok, skip, skip, ok, skip, ok):       # streaks of 2 and 1: no stop
     guard.observe(m)
   assert guard.row() == {'learner/skipped_updates': 3,
-                         'learner/skip_streak': 0}
-  guard.observe(bad_batch)
+                         'learner/skip_streak': 0, 'learner/bad_batches': 0}
+  guard.observe(skip)
+  # Bad data is not divergence: skips for a non-finite batch, however many,
+  # neither extend nor end the streak (issue 29).
+  for _ in range(10):
+    guard.observe(bad_batch)
   guard.observe(skip)
   assert guard.row()['learner/skip_streak'] == 2 and not rows
   with pytest.raises(health.PersistentSkipError) as e:
@@ -67,11 +70,11 @@ def test_skip_guard_stops_after_n_consecutive_and_names_the_checkpoint(tmp_path)
   msg = str(e.value)
   assert 'the last 3 updates in a row were skipped' in msg, msg
   assert '--max_skipped_updates=3' in msg
-  assert '1 of them for a non-finite replay batch' in msg
+  assert '10 more updates were skipped for a non-finite batch' in msg
   assert f'{ckpt} (update 7, finite params)' in msg
   assert rows == [1]                             # the last row, before raising
-  assert guard.row() == {'learner/skipped_updates': 6,
-                         'learner/skip_streak': 3}
+  assert guard.row() == {'learner/skipped_updates': 16,
+                         'learner/skip_streak': 3, 'learner/bad_batches': 10}
 
 
 def test_skip_guard_zero_never_stops_and_without_checkpoint(tmp_path):
@@ -188,8 +191,7 @@ def test_unstable_run_reports_skips_and_stops_without_bad_checkpoint(tmp_path):
   assert any(r.get('train/skipped_update') == 1.0 for r in rows), rows
   assert rows[-1]['learner/skip_streak'] == 5, rows[-1]   # the row at the stop
   assert rows[-1]['learner/skipped_updates'] >= 5
-  with open(os.path.join(kept[0], rundir.LEARNER_FILE), 'rb') as f:
-    state = pickle.load(f)
+  state = rundir.read_learner_state(kept[0])
   rundir.check_finite_state(state, kept[0], logdir)      # finite params
   assert not [n for n in os.listdir(rundir.checkpoint_root(logdir))
               if n.startswith(rundir.TMP_PREFIX)]
@@ -220,5 +222,4 @@ def test_unstable_distributed_run_stops_in_the_learner(tmp_path):
   rows = _rows(logdir)
   assert rows[-1]['learner/skip_streak'] == 5, rows[-1]
   for ckpt in rundir.list_run_checkpoints(logdir):
-    with open(os.path.join(ckpt, rundir.LEARNER_FILE), 'rb') as f:
-      rundir.check_finite_state(pickle.load(f), ckpt, logdir)
+    rundir.check_finite_state(rundir.read_learner_state(ckpt), ckpt, logdir)

@@ -256,7 +256,8 @@ def test_latent_store_ring_recycling_and_save_restore(tmp_path):
 
   def lat(ids, v):
     return {'deter': np.full(ids.shape[:-1] + (config.deter,), v, np.uint16),
-            'stoch': np.full(ids.shape[:-1] + (config.stoch,), v, np.uint8)}
+            'stoch': np.full(ids.shape[:-1] + (config.stoch,),
+                             v % config.classes, np.uint8)}
 
   ids = np.array([[0, 3], [1, 3], [0, 13]])
   assert store.update(ids, {k: v for k, v in lat(ids, 5).items()}) == 3
@@ -268,12 +269,21 @@ def test_latent_store_ring_recycling_and_save_restore(tmp_path):
   with pytest.raises(ValueError, match='deter dtype'):
     store.update(old, {'deter': np.zeros((1, config.deter), np.float32),
                        'stoch': np.zeros((1, config.stoch), np.uint8)})
+  # A NaN deter (bf16 bits 0x7FC0) or a class index >= classes is never
+  # stored (issue 29): later batches must not start from it.
+  bad_ids = np.array([[1, 4], [1, 5]])
+  bad = {'deter': np.zeros((2, config.deter), np.uint16),
+         'stoch': np.zeros((2, config.stoch), np.uint8)}
+  bad['deter'][0, 7] = 0x7FC0
+  bad['stoch'][1, 3] = config.classes
+  assert store.update(bad_ids, bad) == 0 and store.num_invalid == 2
+  assert not store.lookup(bad_ids)[1].any()
   path = str(tmp_path / 'latents.npz')
   store.save(path)
   other = LatentStore(config, num_workers=2, per_worker_capacity=10)
   other.restore(path)
   got2, found2 = other.lookup(np.array([[1, 3], [0, 13]]))
-  assert found2.all() and (got2['stoch'] == 5).all()
+  assert found2.all() and (got2['stoch'] == 5 % config.classes).all()
   with pytest.raises(ValueError, match='does not match'):
     LatentStore(config, num_workers=3, per_worker_capacity=10).restore(path)
 

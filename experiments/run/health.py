@@ -8,6 +8,14 @@ keep being skipped has stopped learning (e.g. a learning rate so large that
 one update blew the params up, after which every loss is non-finite) and
 would spend its whole budget doing nothing.
 
+A skip for a non-finite replay batch is not divergence: it says the data
+was bad, not the params. Such skips are counted on their own
+(``learner/bad_batches``) and neither extend nor end a streak; only
+updates skipped for a non-finite loss or gradient from a finite batch do.
+(The sampler drops invalid items before they reach a batch,
+``reverb_tables.sampler``, so a bad batch means the checks there missed
+something.)
+
 ``SkipGuard`` is that rule. Both layouts' learner loops feed it every
 update's metrics (the one-process ``experiments/layouts/local.py`` through
 ``SkipGuard.watch(learner)``, the Launchpad learner node
@@ -56,8 +64,8 @@ class SkipGuard:
     self._on_stop = on_stop
     self.updates = 0               # updates observed (this process)
     self.skipped = 0               # of them skipped
-    self.streak = 0                # consecutive skipped updates, now
-    self._streak_batches = 0       # of the streak: skipped for a bad batch
+    self.streak = 0                # consecutive skips of divergence, now
+    self.bad_batches = 0           # skips for a non-finite batch (bad data)
 
   def observe(self, metrics: Mapping[str, Any]) -> None:
     """One update's metrics (``agent.learning``: ``skipped_update``,
@@ -65,11 +73,13 @@ class SkipGuard:
     reaches ``max_consecutive``."""
     self.updates += 1
     if float(metrics.get('skipped_update', 0.0)) < 0.5:
-      self.streak = self._streak_batches = 0
+      self.streak = 0
       return
     self.skipped += 1
+    if float(metrics.get('nonfinite_batch', 0.0)) >= 0.5:
+      self.bad_batches += 1        # bad data, not divergence (module doc)
+      return
     self.streak += 1
-    self._streak_batches += float(metrics.get('nonfinite_batch', 0.0)) >= 0.5
     if self.max_consecutive and self.streak >= self.max_consecutive:
       message = self.message()
       if self._on_stop is not None:
@@ -81,9 +91,9 @@ class SkipGuard:
 
   def message(self) -> str:
     """The stop message: the count, the cause and the last checkpoint."""
-    cause = (f'{self._streak_batches} of them for a non-finite replay batch, '
-             f'{self.streak - self._streak_batches} for a non-finite loss or '
-             'gradient')
+    cause = ('each for a non-finite loss or gradient from a finite batch; '
+             f'{self.bad_batches} more updates were skipped for a non-finite '
+             'batch')
     ckpt = rundir.latest_run_checkpoint(self.logdir)
     where = 'none was written yet'
     if ckpt is not None:
@@ -105,7 +115,8 @@ class SkipGuard:
   def row(self) -> Dict[str, int]:
     """The train-row fields (docs/metrics.md)."""
     return {'learner/skipped_updates': self.skipped,
-            'learner/skip_streak': self.streak}
+            'learner/skip_streak': self.streak,
+            'learner/bad_batches': self.bad_batches}
 
   def watch(self, learner) -> '_WatchedLearner':
     """``learner`` whose ``step()`` feeds this guard; every other attribute

@@ -104,7 +104,8 @@ class Tally:
   Counts: env / agent steps, updates and finished episodes of the run; the
   learner's uniform and online rows (spec 5.3); the uniform table's
   rate-limiter inserts and samples (Reverb's own counts); the table sizes;
-  the latent store's entries. Seconds (cumulative, per process): ``idle_s``
+  the latent store's entries; invalid items the sampler dropped and
+  invalid latents the store refused (``reverb_tables.step_checks``). Seconds (cumulative, per process): ``idle_s``
   the learner waited for a batch, ``sample_thread_s`` the dataset's sampling
   thread worked, and ``parts``: {part: seconds} of the wall time spent in
   each part of the loop ('env', 'policy', 'replay_add', 'learner_sample',
@@ -122,6 +123,8 @@ class Tally:
   uniform_size: int
   online_size: int
   latent_entries: int
+  dropped_items: int
+  invalid_latents: int
   idle_s: float
   sample_thread_s: float
   parts: Dict[str, float]
@@ -145,7 +148,9 @@ def learner_tally(*, env_steps: int, agent_steps: int, updates: int,
       samples=int(limiter.sample_stats.completed),
       uniform_size=int(server_info['uniform'].current_size),
       online_size=int(server_info['online'].current_size),
-      latent_entries=len(dataset.latent_store), idle_s=dataset.idle_s,
+      latent_entries=len(dataset.latent_store),
+      dropped_items=dataset.sampler.num_dropped,
+      invalid_latents=dataset.latent_store.num_invalid, idle_s=dataset.idle_s,
       sample_thread_s=dataset.sample_s,
       parts={**dict(parts or {}), 'learner_sample': t['sample_s'],
              'learner_update': t['update_s'],
@@ -190,6 +195,8 @@ def train_row(now: Tally, mark: Tally, *, config, segment: int,
       'replay/uniform_rows': int(now.uniform_rows),
       'replay/online_rows': int(now.online_rows),
       'replay/latent_store_entries': int(now.latent_entries),
+      'replay/dropped_items': int(now.dropped_items),
+      'replay/invalid_latents': int(now.invalid_latents),
       'replay/inserts': int(now.inserts), 'replay/samples': int(now.samples),
       'replay/ratio_target': float(config.train_ratio),
       'replay/ratio': _rate(rows * T, now.agent_steps),
