@@ -101,7 +101,9 @@ def initialize_processes(coordinator_address: str, num_processes: int,
   gloo collectives (``jax_cpu_collectives_implementation``), so processes
   on one machine (127.0.0.1) or several reduce gradients over TCP. Gloo
   listens on the address of this machine's host name unless ``gloo_host``
-  names another (``use_gloo_host``). A no-op for ``num_processes == 1``."""
+  names another (``use_gloo_host``); the coordination service (process 0)
+  listens on ``coordinator_address`` itself. A no-op for
+  ``num_processes == 1``."""
   if num_processes <= 1:
     return
   if not 0 <= process_id < num_processes:
@@ -113,10 +115,13 @@ def initialize_processes(coordinator_address: str, num_processes: int,
   # records it); the process's own stop handling gets it back.
   main = threading.current_thread() is threading.main_thread()
   term = signal.getsignal(signal.SIGTERM) if main else None
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes,
-                             process_id=process_id,
-                             initialization_timeout=timeout_s)
+  # Process 0 runs the coordination service: it listens on the address the
+  # others are given, not on every interface (jax's default '[::]:port').
+  jax.distributed.initialize(
+      coordinator_address=coordinator_address, num_processes=num_processes,
+      process_id=process_id, initialization_timeout=timeout_s,
+      coordinator_bind_address=coordinator_address if process_id == 0
+      else None)
   if main and term is not None:
     signal.signal(signal.SIGTERM, term)
 

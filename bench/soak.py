@@ -52,7 +52,6 @@ import csv
 import json
 import math
 import os
-import pickle
 import platform
 import shutil
 import signal
@@ -542,8 +541,7 @@ def run_unstable(args) -> int:
   from experiments.run import rundir  # noqa: E402  (after the child ran)
   finite = {}
   for ckpt in rundir.list_run_checkpoints(logdir):
-    with open(os.path.join(ckpt, rundir.LEARNER_FILE), 'rb') as f:
-      state = pickle.load(f)
+    state = rundir.read_learner_state(ckpt)
     try:
       rundir.check_finite_state(state, ckpt, logdir)
       finite[ckpt] = True

@@ -42,11 +42,13 @@ DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace', 'max_restarts',
                    'learner_processes', 'coordinator_address',
                    'remote_learner_processes', 'join_slots',
-                   'join_port', 'bind', 'join_lease')
+                   'join_port', 'bind', 'join_lease', 'join_max_envs',
+                   'join_secret_file')
 # The flags of a remote actor (``--join``) and of a remote learner process
 # (``--learner_peer``): everything else is the program's.
-JOIN_FLAG_NAMES = ('distributed', 'join', 'num_envs')
-PEER_FLAG_NAMES = ('distributed', 'learner_peer', 'logdir', 'bind')
+JOIN_FLAG_NAMES = ('distributed', 'join', 'num_envs', 'join_secret_file')
+PEER_FLAG_NAMES = ('distributed', 'learner_peer', 'logdir', 'bind',
+                   'join_secret_file')
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
@@ -196,24 +198,36 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
                        'for remote actors that join the running program '
                        '(--join); 0: none can join.', **F)
-  flags.DEFINE_integer('join_port', 0, "--distributed: the learner's port, "
-                       'where remote actors join; 0: a free one at each '
+  flags.DEFINE_integer('join_port', 0, '--distributed: the join service\'s '
+                       'port, where remote actors join; 0: a free one at each '
                        'launch (see <logdir>/join.json).', **F)
   flags.DEFINE_string('bind', '', '--distributed / --learner_peer: the '
-                      'address other hosts reach this one at (\'\' localhost; '
-                      "0.0.0.0 this machine's first non-loopback IPv4 "
-                      'address): written to <logdir>/join.json and '
-                      'learner_peers.pkl, and where gloo listens for the '
-                      "learner processes' collectives. Reverb and courier "
-                      'listen on every interface regardless.', **F)
+                      'address this host listens on for other hosts: the join '
+                      "service ('' loopback only; 0.0.0.0 every interface, "
+                      "advertised as this machine's first non-loopback IPv4 "
+                      'address), in <logdir>/join.json and learner_peers.json, '
+                      "and where gloo listens for the learner processes' "
+                      'collectives. Reverb and courier listen on every '
+                      'interface regardless: firewall them (README '
+                      '"Security").', **F)
   flags.DEFINE_float('join_lease', 60.0, '--distributed: seconds without a '
-                     "heartbeat after which a remote actor's join slots are "
-                     'freed (it died or lost the network).', **F)
+                     "message after which a remote actor's join slots are "
+                     'freed (it hangs; a closed connection frees them at '
+                     'once).', **F)
+  flags.DEFINE_integer('join_max_envs', 0, '--distributed: envs one remote '
+                       'actor may claim; 0: every join slot.', **F)
+  flags.DEFINE_string('join_secret_file', '', 'The run secret (a file of '
+                      'mode 0600): --distributed: where the program keeps it '
+                      "('' <logdir>/join.secret, made if missing, never "
+                      'overwritten); --join / --learner_peer: a copy of it '
+                      '(else $DREAMER_JOIN_SECRET, or join.secret in the run '
+                      'directory --join / --logdir names).', **F)
   flags.DEFINE_string('join', '', 'HOST:PORT of a running --distributed '
-                      "program's learner, or its run directory (whose join.json "
-                      'names it): act for it '
-                      'with --num_envs envs on this host, with its settings '
-                      '(experiments/layouts/distributed/join.py).', **F)
+                      "program's join service, or its run directory (whose "
+                      'join.json names it): act for it with --num_envs envs '
+                      'on this host, with its settings; needs the run secret '
+                      '(--join_secret_file) '
+                      '(experiments/layouts/distributed/join/remote.py).', **F)
 
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
@@ -262,6 +276,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('join_lease', lambda x: x is not None and x > 0, 'must be > 0 seconds')
   v('join_port', lambda x: x is not None and 0 <= x <= 65535,
     'must be in [0, 65535]')
+  v('join_max_envs', lambda x: x is not None and x >= 0, 'must be >= 0')
   flags.register_multi_flags_validator(
       ['logdir', 'join'], lambda d: bool(d['logdir'] or d['join']),
       message='--logdir is required (the run directory)', flag_values=fv)
@@ -388,29 +403,31 @@ def _only(fv: flags.FlagValues, allowed, what: str, usage: str) -> None:
 
 
 def join_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
-  """(address, num_envs) of a remote actor (``--join``); ValueError naming
-  any other flag that was set: a remote actor runs the program's settings."""
+  """(address, num_envs, secret file) of a remote actor (``--join``);
+  ValueError naming any other flag that was set: a remote actor runs the
+  program's settings."""
   _only(fv, JOIN_FLAG_NAMES, '--join',
-        '--distributed --join=HOST:PORT --num_envs=N')
-  return fv.join, fv.num_envs
+        '--distributed --join=HOST:PORT --num_envs=N [--join_secret_file=F]')
+  return fv.join, fv.num_envs, fv.join_secret_file
 
 
 def peer_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
-  """(logdir, process id, bind) of a remote learner process
+  """(logdir, process id, bind, secret file) of a remote learner process
   (``--learner_peer``); ValueError as ``join_args_from_flags``. When the id
   comes from ``$JAX_PROCESS_ID`` (the same command line on every host), the
   program's own flags on it are ignored rather than refused."""
   if fv['learner_peer'].present:
     _only(fv, PEER_FLAG_NAMES, '--learner_peer',
-          '--distributed --learner_peer=K --logdir=DIR [--bind=HOST]')
+          '--distributed --learner_peer=K --logdir=DIR [--bind=HOST] '
+          '[--join_secret_file=F]')
   elif not fv.distributed:
     raise ValueError('$JAX_PROCESS_ID >= 1 runs a remote learner process, '
                      'which needs --distributed')
   if not fv.logdir:
     raise ValueError('--learner_peer needs --logdir: the program\'s run '
                      'directory, shared at the same path')
-  return os.path.abspath(os.path.expanduser(fv.logdir)), fv.learner_peer, \
-      fv.bind
+  return (os.path.abspath(os.path.expanduser(fv.logdir)), fv.learner_peer,
+          fv.bind, fv.join_secret_file)
 
 
 def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
@@ -458,12 +475,16 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
         coordinator_address=fv.coordinator_address,
         remote_learner_processes=fv.remote_learner_processes,
         join_slots=fv.join_slots, join_port=fv.join_port, bind=fv.bind,
-        join_lease_s=fv.join_lease)
+        join_lease_s=fv.join_lease, join_max_envs=fv.join_max_envs,
+        join_secret_file=(os.path.abspath(os.path.expanduser(
+            fv.join_secret_file)) if fv.join_secret_file else ''))
   elif fv.learner_processes != 1:
     raise ValueError('--learner_processes needs --distributed (the learner '
                      'processes are nodes of the Launchpad program)')
-  elif fv.join_slots or fv.join_port or fv.bind or fv.remote_learner_processes:
-    raise ValueError('--join_slots, --join_port, --bind and '
-                     '--remote_learner_processes need --distributed (they '
-                     'are settings of the Launchpad program)')
+  elif (fv.join_slots or fv.join_port or fv.bind or fv.join_max_envs or
+        fv.join_secret_file or fv.remote_learner_processes):
+    raise ValueError('--join_slots, --join_port, --bind, --join_max_envs, '
+                     '--join_secret_file and --remote_learner_processes need '
+                     '--distributed (they are settings of the Launchpad '
+                     'program)')
   return run, config, dist

@@ -11,7 +11,7 @@ r"""Train DreamerV3: the one command line, both layouts, every suite.
 Without --distributed the run is one process (experiments/layouts/local.py:
 acme's EnvironmentLoop, Algorithm K); with it, a Launchpad program
 (experiments/layouts/distributed/); with --join, a remote actor of such a
-program running elsewhere (experiments/layouts/distributed/join.py); with
+program running elsewhere (experiments/layouts/distributed/join/); with
 --learner_peer, one of its learner processes on another host
 (experiments/layouts/distributed/learner_peer.py). Flags
 and their checks:
@@ -45,8 +45,9 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 from experiments import options  # noqa: E402
 from experiments.layouts import local  # noqa: E402
-from experiments.layouts.distributed import join, launch, learner_peer  # noqa: E402
-from experiments.run import rundir  # noqa: E402
+from experiments.layouts.distributed import launch, learner_peer  # noqa: E402
+from experiments.layouts.distributed.join import remote  # noqa: E402
+from experiments.run import private_files, rundir  # noqa: E402
 from experiments.run.config import RunConfig  # noqa: E402
 from experiments.tools import report  # noqa: E402
 
@@ -59,6 +60,7 @@ def start(run: RunConfig, config, dist) -> Callable[[], Dict[str, Any]]:
   """Validates the run for its layout (ValueError naming the problem, before
   anything is written) and returns the function that runs it: the layout to
   the budget (or a stop signal), then the report, returning the summary."""
+  private_files.restrict_umask()    # run files: writable by this user only
   if dist is not None:
     prepared = launch.prepare(run, config, dist)
 
@@ -138,7 +140,7 @@ def main(argv) -> int:
       if flags.FLAGS.learner_peer and flags.FLAGS.join:
         raise ValueError('--join and --learner_peer: one or the other')
       if flags.FLAGS.join:
-        join.main(*options.join_args_from_flags(flags.FLAGS))
+        remote.main(*options.join_args_from_flags(flags.FLAGS))
       else:
         learner_peer.run_remote_peer(*options.peer_args_from_flags(flags.FLAGS))
     except ValueError as e:

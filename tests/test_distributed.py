@@ -35,7 +35,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
 
 
-def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, **config_kw):
+def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, join_slots=0,
+          **config_kw):
   config_kw.setdefault('size', 'tiny')
   config_kw.setdefault('batch_size', 2)
   config_kw.setdefault('batch_length', 8)
@@ -45,7 +46,8 @@ def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, **config_kw):
                   eval_episodes=eval_episodes)
   return spec_lib.ProgramSpec(
       run=run, config=make_config(**config_kw),
-      dist=spec_lib.DistributedConfig(num_actors=num_actors),
+      dist=spec_lib.DistributedConfig(num_actors=num_actors,
+                                      join_slots=join_slots),
       spaces=synthetic.WALKER_SPACES, launch_dir=str(tmp_path / 'launch'))
 
 
@@ -63,11 +65,10 @@ def test_program_groups_and_serialisation(tmp_path):
   for nodes in program.groups.values():
     cloudpickle.dumps([node.function for node in nodes])
   # The learner is wired to both actors and the evaluator (checkpoints read
-  # their state) and to itself (its address, for join.json); actors get the
-  # replay, learner and counter handles.
+  # their state); actors get the replay, learner and counter handles.
   learner = program.groups['learner'][0]
-  assert len(learner.input_handles) == 2 + 2 + 1 + 1  # replay, counter,
-  # actors, eval, own
+  assert len(learner.input_handles) == 2 + 2 + 1  # replay, counter, actors,
+  # eval
   for actor in program.groups['actor']:
     assert len(actor.input_handles) == 3
   resources = program_lib.local_resources(spec, '/x/lp_init.pkl', program.groups)
@@ -77,6 +78,20 @@ def test_program_groups_and_serialisation(tmp_path):
     assert ('JAX_PLATFORMS' in res.env) == (group != 'learner')
     assert int(res.env['DREAMER_LP_TERMINATION_NOTICE_SECS']) > (
         spec.dist.stop_grace_s)
+
+
+def test_join_slots_add_the_join_service_node(tmp_path):
+  """Remote actors come in through a node of their own (issue 29): it gets
+  the replay, the learner and the counter; the learner gets it (rows,
+  checkpoints, the stop)."""
+  spec = _spec(tmp_path, join_slots=2)
+  program = program_lib.build_program(spec)
+  assert len(program.groups['join']) == 1
+  join = program.groups['join'][0]
+  assert len(join.input_handles) == 3
+  assert len(program.groups['learner'][0].input_handles) == 2 + 2 + 1 + 1
+  cloudpickle.dumps(join.function)
+  assert 'join' in spec_lib.RESTARTABLE_GROUPS
 
 
 def test_program_without_evaluator_and_bad_split(tmp_path):

@@ -1,13 +1,15 @@
-"""Remote actors that join a running Launchpad program (issue 21 part 3).
+"""Remote actors that join a running Launchpad program (issue 21 part 3,
+issue 29).
 
-Fast: the learner's book of join slots (``join_slots.JoinSlots``), the
+Fast: the join service's book of claims (``join.slots.JoinSlots``), the
 latent store's step-id jump, the flags (also those of learner processes on
 other hosts, whose run is in tests/test_parallel.py). Slow: a real local_mp
 program with join slots and real remote actors (``run_dmc.py --join``): one
 in another network namespace joined by a veth pair (``tests/netns.py``, when
-this runs as root with `ip`), SIGKILLed mid-run; its slots freed by the
-lease and claimed again by a second one on loopback, which stays to the end
-and leaves cleanly.
+this runs as root with `ip`) with a copy of the run secret, SIGKILLed
+mid-run; its slots freed when its connection drops and claimed again by a
+second one that joins through the run directory, which stays to the end and
+leaves cleanly. The attacks on the service: tests/test_join_service.py.
 """
 
 import json
@@ -22,8 +24,9 @@ import pytest
 from absl import flags
 
 from experiments import options
-from experiments.layouts.distributed import join
-from experiments.layouts.distributed.join_slots import JoinSlots
+from experiments.layouts.distributed.join import remote, wire
+from experiments.layouts.distributed.join.slots import (
+    EPISODE_BURST, EPISODE_RATE, JoinSlots)
 from experiments.run import rundir
 from agent.config import make_config
 from reverb_tables.config import latent_store_np_dtype
@@ -38,34 +41,56 @@ RUN_DMC = os.path.join(REPO, 'experiments', 'run_dmc.py')
 def test_join_slots_fit_expire_and_give_every_claim_new_step_ids():
   slots = JoinSlots(first_worker=4, num_slots=3, id_jump=90, lease_s=10.0)
   a = slots.claim(2, 'a', now=0.0)
-  assert (a['offset'], a['num_envs'], a['index_base']) == (4, 2, 90)
+  assert (a.offset, a.num_envs, slots.index_base(a)) == (4, 2, 90)
   with pytest.raises(ValueError, match='no 2 free join slots in a row'):
     slots.claim(2, 'b', now=1.0)
   b = slots.claim(1, 'b', now=1.0)
-  assert b['offset'] == 6 and b['index_base'] == 180
-  # Heartbeats carry cumulative stats; the tallies add the increments.
-  assert slots.heartbeat(a['claim'], {'env_steps': 10, 'items': 3}, now=5.0)
-  assert slots.heartbeat(a['claim'], {'env_steps': 30, 'items': 8}, now=9.0)
-  # b sends nothing: its lease runs out at 11 s; a's holds to 19 s.
-  assert not slots.heartbeat(b['claim'], None, now=12.0)
-  assert [c.claim for c in slots.active.values()] == [a['claim']]
-  c = slots.claim(1, 'c', now=12.0)      # b's freed slot, new step ids
-  assert c['offset'] == 6 and c['index_base'] == 270
-  assert slots.leave(a['claim'], {'env_steps': 40, 'items': 9, 'episodes': 1})
-  assert not slots.leave(a['claim'], None)
+  assert b.offset == 6 and slots.index_base(b) == 180
+  # A claim is a capability: its token, not its id.
+  assert slots.check(a.claim, a.token, now=5.0) is a
+  assert slots.check(a.claim, b.token, now=5.0) is None
+  assert slots.check(a.claim, None, now=5.0) is None
+  assert slots.check(True, a.token, now=5.0) is None
+  slots.record(a, env_steps=10, items=3)
+  slots.record(a, env_steps=20, items=5, episodes=1)
+  # b sends nothing: its lease runs out at 11 s; a's holds to 15 s.
+  assert slots.check(b.claim, b.token, now=12.0) is None
+  assert list(slots.active) == [a.claim]
+  # ... unless its steps wait on the replay (busy): not idle.
+  a.busy = True
+  assert slots.expire(now=100.0) == [] and a.claim in slots.active
+  a.busy = False
+  c = slots.claim(1, 'c;$(x)', now=100.0)   # a expired, b's slot: new ids
+  assert c.offset == 4 and slots.index_base(c) == 3 * 90
+  assert c.who == 'c___x_'
+  assert slots.end(c.claim) is c and slots.end(c.claim) is None
   row = slots.row()
-  assert row['join/actors'] == 1 and row['join/envs'] == 1
-  assert row['join/left'] == 2
+  assert row['join/actors'] == 0 and row['join/envs'] == 0
+  assert row['join/left'] == 3
   assert (row['join/env_steps'], row['join/items'], row['join/episodes']) == (
-      40, 9, 1)
+      30, 8, 1)
   # A resumed program continues the claim numbers: ids never repeat.
   again = JoinSlots(4, 3, 90)
   again.restore(slots.state())
-  assert again.claim(3, 'd', now=0.0)['index_base'] == 4 * 90
+  assert again.index_base(again.claim(3, 'd', now=0.0)) == 4 * 90
   with pytest.raises(ValueError, match='--join_slots'):
     JoinSlots(4, 0, 90).claim(1, 'e', now=0.0)
   with pytest.raises(ValueError, match='>= 1 envs'):
     JoinSlots(4, 2, 90).claim(0, 'e', now=0.0)
+  with pytest.raises(ValueError, match='at most 1'):
+    JoinSlots(4, 2, 90, max_envs=1).claim(2, 'e', now=0.0)
+  with pytest.raises(ValueError, match='must be an integer'):
+    JoinSlots(4, 2, 90).claim('2', 'e', now=0.0)
+
+
+def test_episode_allowance_is_a_bucket_per_env():
+  slots = JoinSlots(0, 2, 90)
+  c = slots.claim(2, 'a', now=0.0)
+  burst = EPISODE_BURST * 2
+  assert slots.allow_episodes(c, int(burst), dt=0.0)
+  assert not slots.allow_episodes(c, 1, dt=0.0)
+  assert slots.allow_episodes(c, 2 * int(EPISODE_RATE), dt=1.0)
+  assert not slots.allow_episodes(c, 1, dt=0.0)
 
 
 def test_a_worker_jumped_by_id_jump_allocates_nothing_new():
@@ -107,32 +132,40 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
     _parse(f'--logdir={tmp_path}', '--join_slots=-1')
   with pytest.raises(flags.IllegalFlagValueError, match='--join_lease'):
     _parse(f'--logdir={tmp_path}', '--join_lease=0')
-  # A remote actor takes only --distributed --join --num_envs.
+  # A remote actor takes only --distributed --join --num_envs
+  # --join_secret_file.
   with pytest.raises(ValueError, match='--batch_size, --task'):
     options.join_args_from_flags(_parse(
         '--distributed', '--join=h:1', '--task=walker_walk', '--batch_size=8'))
   with pytest.raises(ValueError, match='--join needs --distributed'):
     options.join_args_from_flags(_parse('--join=h:1'))
   assert options.join_args_from_flags(_parse(
-      '--distributed', '--join=10.0.0.1:7070', '--num_envs=3')) == (
-          '10.0.0.1:7070', 3)
+      '--distributed', '--join=10.0.0.1:7070', '--num_envs=3',
+      '--join_secret_file=/s')) == ('10.0.0.1:7070', 3, '/s')
   # ... or the program's run directory, whose join.json names the address.
   assert options.join_args_from_flags(_parse(
       '--distributed', f'--join={tmp_path}'))[0] == str(tmp_path)
   with pytest.raises(ValueError, match='no join.json there'):
-    join.learner_address(str(tmp_path))
+    remote.service_address(str(tmp_path))
   (tmp_path / 'join.json').write_text('{"address": "10.0.0.1:7070"}')
-  assert join.learner_address(str(tmp_path)) == '10.0.0.1:7070'
-  with pytest.raises(ValueError, match='must be HOST:PORT or a run directory'):
-    join.parse_address('10.0.0.1')
+  assert remote.service_address(str(tmp_path)) == '10.0.0.1:7070'
+  with pytest.raises(ValueError, match='must be HOST:PORT'):
+    wire.parse_address('10.0.0.1')
+  assert wire.parse_address('[::1]:7070') == ('::1', 7070)
   base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
   with pytest.raises(ValueError, match='need --distributed'):
     options.configs_from_flags(_parse(*base, '--join_slots=2'))
+  with pytest.raises(ValueError, match='need --distributed'):
+    options.configs_from_flags(_parse(*base, '--join_secret_file=/s'))
+  with pytest.raises(flags.IllegalFlagValueError, match='--join_max_envs'):
+    _parse(*base, '--join_max_envs=-1')
   _, _, dist = options.configs_from_flags(_parse(
       *base, '--distributed', '--join_slots=4', '--join_port=7070',
-      '--bind=0.0.0.0', '--join_lease=5'))
-  assert (dist.join_slots, dist.join_port, dist.bind, dist.join_lease_s) == (
-      4, 7070, '0.0.0.0', 5.0)
+      '--bind=0.0.0.0', '--join_lease=5', '--join_max_envs=2',
+      f'--join_secret_file={tmp_path / "s"}'))
+  assert (dist.join_slots, dist.join_port, dist.bind, dist.join_lease_s,
+          dist.join_max_envs, dist.join_secret_file) == (
+      4, 7070, '0.0.0.0', 5.0, 2, str(tmp_path / 's'))
   # Learner processes on other hosts: a coordinator they reach, process 0
   # here; a remote process takes only --distributed --learner_peer --logdir
   # --bind.
@@ -149,7 +182,7 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
                                         f'--logdir={tmp_path}', '--task=walker_run'))
   assert options.peer_args_from_flags(_parse(
       '--distributed', '--learner_peer=1', f'--logdir={tmp_path}',
-      '--bind=10.0.0.2')) == (str(tmp_path), 1, '10.0.0.2')
+      '--bind=10.0.0.2')) == (str(tmp_path), 1, '10.0.0.2', '')
   # ... or from jax's environment variables: the same command on every host.
   env = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:6000', 'JAX_NUM_PROCESSES': '2',
          'JAX_PROCESS_ID': '1'}
@@ -184,9 +217,11 @@ def _wait(cond, timeout, what, procs=()):
   raise AssertionError(f'timed out waiting for {what}')
 
 
-def _joiner(address, num_envs, log, in_ns=False):
+def _joiner(address, num_envs, log, in_ns=False, secret_file=None):
   cmd = [sys.executable, RUN_DMC, '--distributed', f'--join={address}',
          f'--num_envs={num_envs}']
+  if secret_file:
+    cmd.append(f'--join_secret_file={secret_file}')
   if in_ns:
     cmd = ns.wrap(cmd)
   return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -220,8 +255,12 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
     _wait(lambda: os.path.exists(join_file), 240, 'join.json', procs)
     address = rundir.read_json(join_file)['address']
     assert address.startswith(host + ':')
+    # A's copy of the run secret (as scp would make it), given by flag.
+    secret = tmp_path / 'a.secret'
+    secret.write_bytes(open(os.path.join(logdir, 'join.secret'), 'rb').read())
+    os.chmod(secret, 0o600)
     log_a = open(tmp_path / 'a.log', 'w')
-    a = _joiner(address, 2, log_a, in_ns=netns)
+    a = _joiner(address, 2, log_a, in_ns=netns, secret_file=str(secret))
     procs.append(a)
     row = _wait(lambda: next((r for r in reversed(_rows(logdir))
                               if r.get('join/episodes', 0) >= 1), None),
@@ -249,10 +288,10 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
         p.kill()
     if netns:
       ns.down()
-  learner_log = open(os.path.join(logdir, 'lp_logs', 'segment-0', 'learner',
+  service_log = open(os.path.join(logdir, 'lp_logs', 'segment-0', 'join',
                                   '0')).read()
   bases = [int(line.rpartition('step ids from ')[2])
-           for line in learner_log.splitlines() if 'step ids from' in line]
+           for line in service_log.splitlines() if 'step ids from' in line]
   assert len(bases) == 2 and bases[1] > bases[0], bases
   b_text = open(tmp_path / 'b.log').read()
   assert 'claim 1' in b_text and '[join] left (the program stopped' in b_text

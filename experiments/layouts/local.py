@@ -144,7 +144,8 @@ class Trainer:
       rckpt.load_replay_state(self._resume_from, None, adder=self.adder,
                               schedule=self.schedule,
                               latent_store=self.dataset.latent_store)
-      self.learner.restore(rundir.load_learner_state(self._resume_from))
+      self.learner.restore(rundir.load_learner_state(
+          self._resume_from, self.learner.state))
       self.actor.set_state(state['actors'][0])
       s = state['learner']
       self.updates_runner.set_state(s)

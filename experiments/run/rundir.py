@@ -9,7 +9,7 @@ One module owns what both layouts write and read (docs/metrics.md):
   scores.jsonl       one row per finished training episode (report input)
   eval/scores.jsonl  one row per evaluation episode
   tensorboard/       TensorBoard event files (same scalars as metrics.jsonl)
-  checkpoints/       ckpt-<agent steps>/ (learner.pkl, replay_state.json,
+  checkpoints/       ckpt-<agent steps>/ (learner.npz, replay_state.json,
                      latents.npz, config.json, run_state.json) and
                      reverb/<timestamp>/ (the Reverb checkpoint it references)
   report.png         experiments/tools/report.py output at the end of the run
@@ -45,7 +45,6 @@ import errno
 import json
 import math
 import os
-import pickle
 import shutil
 import time
 from typing import Any, Dict, List, Mapping, Optional
@@ -53,12 +52,18 @@ from typing import Any, Dict, List, Mapping, Optional
 import numpy as np
 
 from experiments.run.config import RunConfig, log, segment_seed
+from experiments.run.private_files import check_private_tree
+from experiments.run.run_state import (  # noqa: F401  (rundir's public API)
+    ACTOR_KEYS, LEARNER_KEYS, MODES, RUN_STATE_FILE, RUN_STATE_SCHEMA,
+    load_run_state, make_run_state)
+from experiments.run.tree_files import load_tree, save_tree
 
 CKPT_PREFIX = 'ckpt-'
 TMP_PREFIX = '.tmp-'
 REVERB_DIR = 'reverb'
-LEARNER_FILE = 'learner.pkl'
-RUN_STATE_FILE = 'run_state.json'
+LEARNER_FILE = 'learner.npz'
+# What checkpoints of earlier versions held instead (pickle: never loaded).
+OLD_LEARNER_FILE = 'learner.pkl'
 CONFIG_FILE = 'config.json'
 REPLAY_STATE_FILE = 'replay_state.json'
 METRICS_FILE = 'metrics.jsonl'
@@ -72,7 +77,6 @@ LOG_FILES = {'metrics_bytes': METRICS_FILE, 'scores_bytes': SCORES_FILE,
 # Run settings that must not change on resume (besides every DreamerConfig field).
 RESUME_FIXED = ('suite', 'task', 'num_envs', 'action_repeat', 'time_limit',
                 'chunk_length')
-MODES = ('single_process', 'distributed')
 
 
 # --- files ----------------------------------------------------------------------
@@ -107,7 +111,7 @@ def _injected_fault(path: str) -> None:
 
 def atomic_write(path: str, data) -> None:
   """The run directory's file writer (a fsynced temp file, then a rename)."""
-  from reverb_tables.checkpoint import atomic_write as write
+  from reverb_tables.files import atomic_write as write
   _injected_fault(path)
   write(path, data)
 
@@ -366,7 +370,7 @@ def _write_checkpoint_files(tmp, final, logdir, reverb_path, learner_state,
   rckpt.save_replay_state(tmp, reverb_path, adder=adder, schedule=schedule,
                           latent_store=latent_store)
   atomic_write(os.path.join(tmp, LEARNER_FILE),
-               pickle.dumps(learner_state, protocol=pickle.HIGHEST_PROTOCOL))
+               lambda f: save_tree(f, learner_state))
   atomic_write(os.path.join(tmp, CONFIG_FILE), json.dumps({
       'config': dataclasses.asdict(config),
       'spaces': {'obs': {k: list(v) for k, v in spaces.obs.items()},
@@ -397,9 +401,37 @@ def read_saved_config(ckpt: str):
   return make_config(**saved['config']), spaces, run
 
 
-def load_learner_state(ckpt: str):
-  with open(os.path.join(ckpt, LEARNER_FILE), 'rb') as f:
-    return pickle.load(f)
+def learner_state_template(config, spaces):
+  """The ``TrainingState`` structure (shapes and dtypes, nothing computed)
+  of a learner of ``config`` on ``spaces``: what ``load_learner_state`` reads
+  a checkpoint into."""
+  import jax
+
+  from agent import learning, networks
+  init = learning.make_train_step(networks.make_networks(spaces, config),
+                                  jit=False).init
+  return jax.eval_shape(init, jax.random.PRNGKey(0))
+
+
+def load_learner_state(ckpt: str, template):
+  """The checkpoint's ``TrainingState`` in ``template``'s structure
+  (``tree_files.load_tree``: no pickle; ValueError for another model)."""
+  path = os.path.join(ckpt, LEARNER_FILE)
+  if not os.path.exists(path) and os.path.exists(
+      os.path.join(ckpt, OLD_LEARNER_FILE)):
+    raise ValueError(
+        f'checkpoint {ckpt} holds {OLD_LEARNER_FILE}, a pickle written by an '
+        'earlier version; pickles can run code when loaded, so it is not '
+        'read. Resume it with the version that wrote it, or start a new '
+        '--logdir.')
+  return load_tree(path, template)
+
+
+def read_learner_state(ckpt: str):
+  """The checkpoint's ``TrainingState``, in the structure of the config and
+  spaces saved with it (tools, tests: no learner at hand)."""
+  config, spaces, _ = read_saved_config(ckpt)
+  return load_learner_state(ckpt, learner_state_template(config, spaces))
 
 
 # --- validation before anything is written ----------------------------------------
@@ -426,92 +458,20 @@ def check_logdir_writable(logdir: str) -> None:
       raise ValueError(f'--logdir {logdir!r}: {path} is not writable')
 
 
-# --- the run state (one schema, both layouts) ---------------------------------------
-
-RUN_STATE_SCHEMA = 2
-LEARNER_KEYS = ('updates', 'online_rows', 'uniform_rows', 'wall_time',
-                'next_log', 'transitions', 'owed_updates')
-ACTOR_KEYS = ('offset', 'num_envs', 'num_items', 'num_online_items',
-              'num_policy_calls')
-
-
-def make_run_state(*, mode: str, segment: int, counts: Mapping[str, Any],
-                   counter: Mapping[str, Any], learner: Mapping[str, Any],
-                   actors, evaluator: Optional[Mapping[str, Any]],
-                   recent_scores) -> Dict[str, Any]:
-  """``run_state.json`` of a checkpoint, the same schema in both layouts.
-
-  counts: the run's counts at the checkpoint ('actor_steps', 'env_steps' (the
-  x-axis of every row), 'episodes', 'learner_steps'); counter: the root
-  ``acme.utils.counting.Counter``'s ``save()`` (restored on resume); learner: ``LEARNER_KEYS`` (update count, sampler rows, wall
-  time, next log step, and for the one-process schedule the transitions it
-  has seen and the updates it owes); actors: one dict per actor process (one
-  in a single-process run) with ``ACTOR_KEYS`` (its slice of env workers, its
-  adder's item counts, its policy-rng position) and whatever else it saves;
-  evaluator: ``Evaluator.get_state()``; recent_scores: the last training
-  episode scores (progress line). ``write_checkpoint`` adds 'files' and
-  'time'."""
-  assert mode in MODES, mode
-  missing = [k for k in LEARNER_KEYS if k not in learner]
-  missing += [f'actors[{i}].{k}' for i, a in enumerate(actors)
-              for k in ACTOR_KEYS if k not in a]
-  assert not missing, missing
-  return {'schema': RUN_STATE_SCHEMA, 'mode': mode, 'segment': int(segment),
-          'counts': dict(counts), 'counter': dict(counter),
-          'learner': dict(learner), 'actors': [dict(a) for a in actors],
-          'evaluator': dict(evaluator) if evaluator else None,
-          'recent_scores': [float(x) for x in recent_scores][-5:]}
-
-
-def _upgrade_schema_1(state: Dict[str, Any]) -> Dict[str, Any]:
-  """A run state written before schema 2 (no 'schema' key) in schema 2.
-
-  The single-process layout kept its counters under 'counters', the train
-  schedule's position under 'agent' and the policy rng under 'actor'; the
-  distributed one already had 'learner' and 'actors'."""
-  state = dict(state)
-  if 'counters' in state:                           # single-process, schema 1
-    c, agent_state = state.pop('counters'), state.pop('agent')
-    state['learner'] = {
-        'updates': c['updates'], 'online_rows': c['online_rows'],
-        'uniform_rows': c['uniform_rows'], 'wall_time': c['wall_time'],
-        'next_log': None, 'transitions': agent_state['num_transitions'],
-        'owed_updates': agent_state.get('owed_updates', 0)}
-    state['recent_scores'] = c['recent_scores']
-    state['counts'] = {'actor_steps': c['agent_steps'],
-                       'env_steps': c['env_steps'], 'episodes': c['episodes'],
-                       'learner_steps': c['updates']}
-    state['actors'] = [{'offset': 0, 'num_envs': None, 'num_items': None,
-                        'num_online_items': None,
-                        **state.pop('actor')}]
-  else:                                             # distributed, schema 1
-    state['learner'] = {'transitions': None, 'owed_updates': 0,
-                        **state['learner']}
-    state.setdefault('recent_scores', [])
-  state['schema'] = RUN_STATE_SCHEMA
-  return state
-
-
-def load_run_state(ckpt: str) -> Dict[str, Any]:
-  """The checkpoint's run state in the current schema (older checkpoints are
-  upgraded); ValueError naming the checkpoint when it cannot be read."""
-  path = os.path.join(ckpt, RUN_STATE_FILE)
+def check_checkpoint_files(ckpt: str, logdir: str) -> None:
+  """ValueError (``private_files.UntrustedFileError``) when a file of the
+  checkpoint to resume, or of the Reverb checkpoint it references, could
+  have been written by another user: nothing of it is then loaded."""
+  check_private_tree(ckpt)
   try:
-    state = read_json(path)
-    if state.get('schema', 1) == 1:
-      state = _upgrade_schema_1(state)
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ValueError(
-        f'checkpoint {ckpt}: cannot read its run state {path} ({e!r}); it was '
-        'written by another version of the run layer or is damaged. Resume '
-        'it with that version or use a new --logdir.') from e
-  if state['schema'] != RUN_STATE_SCHEMA:
-    raise ValueError(
-        f'checkpoint {ckpt} has run-state schema {state["schema"]}; this '
-        f'version reads schema {RUN_STATE_SCHEMA} (and upgrades 1). Resume it '
-        'with the version that wrote it or use a new --logdir.')
-  state.setdefault('mode', 'single_process')
-  return state
+    name = read_json(os.path.join(ckpt, REPLAY_STATE_FILE)).get(
+        'reverb_checkpoint')
+  except (OSError, ValueError, AttributeError):
+    return                       # unreadable: the later checks say why
+  for root in (reverb_dir(logdir),
+               os.path.join(checkpoint_root(logdir), KEPT_DIR)):
+    if name and os.path.isdir(os.path.join(root, name)):
+      check_private_tree(os.path.join(root, name))
 
 
 def check_mode(ckpt: str, logdir: str, mode: str) -> None:
@@ -559,6 +519,7 @@ def validate(run: RunConfig, config, mode: str) -> Optional[str]:
   check_logdir_writable(run.logdir)
   latest = latest_run_checkpoint(run.logdir)
   if latest is not None:
+    check_checkpoint_files(latest, run.logdir)
     check_mode(latest, run.logdir, mode)
     check_resume_compatible(latest, run, config)
     load_run_state(latest)                  # readable in this schema

@@ -129,7 +129,7 @@ def load_policy(logdir: str, mode: str = 'sample', seed: int = 0,
   if ckpt is None:
     raise FileNotFoundError(f'no checkpoint in {os.path.join(logdir, "checkpoints")}')
   config, spaces, run = rundir.read_saved_config(ckpt)
-  state = rundir.load_learner_state(ckpt)
+  state = rundir.read_learner_state(ckpt)
   task = run.get('task')
   return LoadedPolicy(state.params, spaces, config, mode=mode, seed=seed,
                       task=task, action_repeat=run.get('action_repeat'),

@@ -182,7 +182,7 @@ def load_params(logdir: str, checkpoint: Optional[str] = None):
   ckpt = checkpoint or rundir.latest_run_checkpoint(logdir)
   if ckpt is None:
     raise FileNotFoundError(f'no checkpoint in {rundir.checkpoint_root(logdir)}')
-  return rundir.load_learner_state(ckpt).params
+  return rundir.read_learner_state(ckpt).params
 
 
 def open_loop(params, spaces, config, episode, context: int = 5,

@@ -9,6 +9,11 @@
   launch.py      validate, launch, wait, restart the program, summarise
   supervisor.py  Launchpad's worker manager restarting dead actors/evaluators
   lp_init.py     per-process set-up of every node
+  learner_peer.py  the other processes of a multi-process learner
+  join/          remote actors: the join service node, the remote actor,
+                 their wire format and book of claims
+  secret.py      the run secret (join, remote learner processes)
+  addresses.py   the address other hosts reach (--bind)
 
 Imports point one way: spec <- node_utils <- learner, actor, evaluator <-
 program <- supervisor <- launch (program.py's docstring has the whole

@@ -21,10 +21,6 @@ from experiments.layouts.distributed.spec import ProgramSpec, node_restart
 from experiments.run import env_loop, rundir
 from experiments.run.config import log, segment_seed
 
-# Policy-stream index of join claim c: JOIN_STREAM + c (actor ids stay below).
-JOIN_STREAM = 1 << 16
-
-
 class ActorNode:
   """One actor process: ``acme.EnvironmentLoop`` + ``DreamerActor``.
 
@@ -37,7 +33,7 @@ class ActorNode:
   """
 
   def __init__(self, spec: ProgramSpec, actor_id: int, replay, learner,
-               counter, ticket: Optional[Dict[str, Any]] = None):
+               counter):
     import jax
 
     from agent.builder import seed_keys
@@ -53,25 +49,15 @@ class ActorNode:
     # 22): new env seeds, a new policy stream and step ids past any the
     # dead process can have used.
     self._restart = node_restart()
-    # A remote actor (``join.py``) acts on the join slots of its ticket:
-    # env seeds and policy stream of its claim, step ids from its base.
-    if ticket is None:
-      self._n = spec.envs_per_actor
-      self._offset, self._name = self._id * self._n, f'actor/{self._id}'
-      seed = segment_seed(c.seed, spec.segment, restart=self._restart)
-    else:
-      self._n, self._offset = int(ticket['num_envs']), int(ticket['offset'])
-      self._name = f'join/{ticket["claim"]}'
-      seed = segment_seed(c.seed, spec.segment, restart=1 + ticket['claim'])
+    self._n = spec.envs_per_actor
+    self._offset, self._name = self._id * self._n, f'actor/{self._id}'
+    seed = segment_seed(c.seed, spec.segment, restart=self._restart)
     self.env = run.make_env(self._n, seed, self._offset)
     builder = spec.builder(device_prefetch=False)
     wait_for_replay(replay, self._stop_event.is_set)
     self.adder = builder.make_adder(replay, num_workers=self._n,
                                     worker_offset=self._offset)
-    if ticket is not None:
-      self.adder.set_state({**self.adder.get_state(), 'lengths': [
-          int(ticket['index_base'])] * self._n})
-    elif spec.resume:      # step ids continue; item counts per actor
+    if spec.resume:      # step ids continue; item counts per actor
       saved = rundir.read_json(os.path.join(spec.resume,
                                             rundir.REPLAY_STATE_FILE))['adder']
       mine = next(a for a in spec.run_state['actors']
@@ -88,10 +74,9 @@ class ActorNode:
       log(f'[{self._name}] restart {self._restart} in place: env seeds of '
           f'restart {self._restart}, step ids from +{jump}')
     # Policy stream of (seed, actor, segment, restart): resumed segments and
-    # restarted nodes never repeat it; a joined actor's of its claim.
-    stream = self._id if ticket is None else JOIN_STREAM + ticket['claim']
+    # restarted nodes never repeat it (a remote actor's: join/remote.py).
     key = jax.random.fold_in(jax.random.fold_in(
-        seed_keys(c.seed)['actor'], stream), spec.segment)
+        seed_keys(c.seed)['actor'], self._id), spec.segment)
     if self._restart:
       key = jax.random.fold_in(key, self._restart)
     self.actor = builder.make_actor(

@@ -36,6 +36,7 @@ from typing import Any, Dict, Optional
 
 from experiments.layouts.distributed import learner_peer, lp_init
 from experiments.layouts.distributed.node_utils import touch
+from experiments.layouts.distributed.secret import ensure_secret, secret_path
 from experiments.layouts.distributed.program import build_program, local_resources
 from experiments.layouts.distributed.spec import (
     ERRORS_DIR, MODE, RESTARTABLE_GROUPS, SUMMARY_FILE, DistributedConfig,
@@ -84,6 +85,10 @@ def launcher_progress_line(row: Optional[Dict[str, Any]], target: int,
 def prepare(run: RunConfig, config, dist: DistributedConfig):
   """Checks the logdir and the checkpoint to resume; returns a ProgramSpec,
   or a summary dict when the budget was already reached."""
+  if dist.join_slots and run.suite == 'custom':
+    raise ValueError('--join_slots: remote actors build their envs from the '
+                     'program\'s --suite and --task; an env factory of '
+                     'train() cannot be sent to them (it is code)')
   latest = rundir.validate(run, config, MODE)
   state = rundir.load_resume_state(run, latest)
   if state:
@@ -94,6 +99,9 @@ def prepare(run: RunConfig, config, dist: DistributedConfig):
           f'{latest} ({saved}): its latent store has one ring per env worker; '
           f'resume with --join_slots={saved}')
   rundir.start_segment(run, state)
+  if dist.join_slots or dist.remote_learner_processes:
+    # The run secret (secret.py), before any node or other host needs it.
+    ensure_secret(secret_path(run.logdir, dist.join_secret_file))
   if state and state['counts'].get('env_steps', 0) >= run.env_steps:
     return {'checkpoint': latest, 'env_steps': state['counts']['env_steps'],
             'updates': state['learner']['updates'], 'already_done': True}
@@ -245,8 +253,11 @@ def _launch(spec) -> Dict[str, Any]:
                         terminal=dist.terminal, local_resources=resources)
   # Launchpad bound the nodes' addresses at launch: remote learner peers
   # can now be told this launch's Reverb port.
-  peers_file = learner_peer.publish(spec, int(
-      program.groups['replay'][0].reverb_address.resolve().rpartition(':')[2]))
+  peers_file = None
+  if dist.remote_learner_processes:
+    peers_file = learner_peer.publish(spec, int(
+        program.groups['replay'][0].reverb_address.resolve().rpartition(':')[2]),
+        ensure_secret(secret_path(run.logdir, dist.join_secret_file)))
   # Launchpad's last resort after the termination notice kills the launcher
   # too; keep it alive so it can report and clean up (workers still die).
   manager._kill_main_thread = False  # noqa: SLF001

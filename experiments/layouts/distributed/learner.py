@@ -6,10 +6,6 @@ variable source, the train and learner metric rows, and the checkpoints.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import pickle
 import threading
 import time
 import types
@@ -20,12 +16,10 @@ import numpy as np
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent import parallel
 from agent.learner import StopRequested
-from experiments.layouts.distributed.addresses import advertised_host
-from experiments.layouts.distributed.join_slots import LEAVE_WAIT_S, JoinSlots
 from experiments.layouts.distributed.node_utils import (
     SyncedCounter, lp_hooks, record_error, touch, wait_for_replay)
 from experiments.layouts.distributed.spec import (
-    JOIN_FILE, MODE, STEP_ID_MARGIN, ProgramSpec)
+    MODE, STEP_ID_MARGIN, ProgramSpec)
 from experiments.run import health, metrics, rundir
 from experiments.run import restarts as restart_log
 from experiments.run.config import log, next_multiple
@@ -36,14 +30,14 @@ class LearnerNode:
 
   Courier methods: ``get_variables(names)`` ('policy': acting params as
   numpy, 'num_updates': their update count), ``get_num_updates()``,
-  ``finish()`` (final checkpoint; returns a summary), and for remote actors
-  (``join.py``, ``join_slots.py``) ``join(num_envs, who)``,
-  ``join_heartbeat(claim, stats)``, ``join_episodes(claim, episodes)`` and
-  ``join_leave(claim, stats)``.
+  ``finish()`` (final checkpoint; returns a summary). With remote actors,
+  ``join`` is the join service (``join/service.py``): its rows go into the
+  train rows, its claim numbers into the checkpoints, and the remote actors
+  leave before the final checkpoint (``stop_joiners``).
   """
 
   def __init__(self, spec: ProgramSpec, replay, counter, actors: Sequence[Any],
-               evaluator=None, own=None):
+               evaluator=None, join=None):
     # Process 0 of a multi-process learner (before anything touches jax's
     # devices); the others are ``learner_peer.LearnerPeerNode``s.
     parallel.initialize_processes(spec.coordinator_address,
@@ -59,10 +53,15 @@ class LearnerNode:
     self._jax = jax
     self._stop_event, self._stopper = lp_hooks()
     self._finish_requested = threading.Event()
-    self._joiners_stop = threading.Event()     # remote actors: leave now
+    self._joiners_stopped = threading.Event()   # remote actors have left
     self._finished = threading.Event()
     self._replay, self._counter_client = replay, counter
     self._actors, self._evaluator = list(actors), evaluator
+    self._join = join
+    # The join service's claim numbers, saved in checkpoints (the last known).
+    self._join_state = (spec.run_state or {}).get('learner', {}).get(
+        'join') or {'num_slots': spec.dist.join_slots, 'num_claims': 0}
+    self._join_scores: list = []
     self._logger = None
     rows = lambda: metrics.LearnerRows(   # noqa: E731
         self._run_logger, lambda: int(self._counts.get('env_steps', 0)))
@@ -85,7 +84,8 @@ class LearnerNode:
     if spec.resume:
       rckpt.load_replay_state(spec.resume, None,
                               latent_store=self._dataset.latent_store)
-      self._learner.restore(rundir.load_learner_state(spec.resume))
+      self._learner.restore(rundir.load_learner_state(
+          spec.resume, self._learner.state))
       s = state['learner']
       self._base_updates = int(s['updates'])
       self._dataset.sampler.num_online_rows = int(s['online_rows'])
@@ -94,15 +94,7 @@ class LearnerNode:
       self._last_eval_state = state.get('evaluator')
       log(f'[learner] resumed from {spec.resume}: {self._base_updates} '
                  f'updates, {len(self._dataset.latent_store)} stored latents')
-    self._join = JoinSlots(spec.run.num_envs, spec.dist.join_slots,
-                           spec.restart_index_jump, spec.dist.join_lease_s)
-    self._join_lock = threading.Lock()
-    self._join_scores: List[float] = []
-    if state:
-      self._join.restore(state['learner'].get('join'))
     self._publish()
-    if spec.dist.join_slots and own is not None:
-      self._advertise(own.address)
     # Persistent skipped updates stop the run (issue 22, spec 4.9).
     self._health = health.SkipGuard(
         spec.run.max_skipped_updates, spec.run.logdir, on_stop=self._write_row)
@@ -134,67 +126,11 @@ class LearnerNode:
     Remote actors leave first, while the learner still trains: a remote
     actor's last inserts may wait on the rate limiter, which only sampling
     frees."""
-    self._joiners_stop.set()
-    self._wait_for_joiners()
+    self._stop_joiners()
     self._finish_requested.set()
     while not self._finished.wait(0.5):
       pass
     return self._summary or {}
-
-  def join(self, num_envs: int, who: str) -> Dict[str, Any]:
-    """A remote actor's claim of ``num_envs`` join slots: its ticket
-    (``JoinSlots.claim``) plus what it needs to act (the program's spec,
-    pickled, and the Reverb and counter ports). ValueError (to the caller)
-    when the program is stopping or the slots do not fit."""
-    if self._should_stop() or self._joiners_stop.is_set():
-      raise ValueError('the program is stopping; nothing to join')
-    with self._join_lock:
-      ticket = self._join.claim(num_envs, who, time.monotonic())
-    log(f'[learner] {who} joined: claim {ticket["claim"]}, workers '
-        f'[{ticket["offset"]}, {ticket["offset"] + ticket["num_envs"]}), '
-        f'step ids from {ticket["index_base"]}')
-    spec = dataclasses.replace(self._spec, resume=None, run_state=None)
-    return {**ticket, 'spec': pickle.dumps(spec),
-            'replay_port': _port(self._replay.server_address),
-            'counter_port': _port(self._counter_client.address),
-            'lease_s': self._join.lease_s}
-
-  def join_heartbeat(self, claim: int, stats: Dict[str, float]) -> str:
-    """'ok', or 'stop' when the claim is gone or the program is stopping."""
-    with self._join_lock:
-      held = self._join.heartbeat(claim, stats, time.monotonic())
-    stopping = self._should_stop() or self._joiners_stop.is_set()
-    return 'ok' if held and not stopping else 'stop'
-
-  def join_episodes(self, claim: int,
-                    episodes: Sequence[Sequence[float]]) -> None:
-    """A remote actor's finished episodes [(env_step, score)]: into
-    scores.jsonl and the train rows' recent score, like any actor's."""
-    del claim   # the scores file has no actor column
-    run = self._spec.run
-    for env_step, score in episodes:
-      rundir.append_score(run.logdir, run.task, int(env_step), float(score),
-                          self._spec.config.seed)
-      self._join_scores = (self._join_scores + [float(score)])[-5:]
-
-  def join_leave(self, claim: int, stats: Dict[str, float]) -> bool:
-    with self._join_lock:
-      left = self._join.leave(claim, stats)
-    log(f'[learner] claim {claim} left (stats {stats})')
-    return left
-
-  def _advertise(self, address: str) -> None:
-    """Writes ``<logdir>/join.json`` and logs how remote actors join."""
-    dist = self._spec.dist
-    host = advertised_host(dist.bind)
-    where = f'{host}:{_port(address)}'
-    rundir.atomic_write(os.path.join(self._spec.run.logdir, JOIN_FILE),
-                        json.dumps({'address': where,
-                                    'join_slots': dist.join_slots,
-                                    'segment': self._spec.segment}))
-    log(f'[learner] remote actors join with: python experiments/run_dmc.py '
-        f'--distributed --join={where} --num_envs=N (N <= '
-        f'{dist.join_slots})')
 
   # -- main thread -------------------------------------------------------------------
   def run(self) -> None:
@@ -252,30 +188,26 @@ class LearnerNode:
       self._write_row()
       self._next_log = next_multiple(env_steps, self._spec.run.log_every)
 
-  def _wait_for_joiners(self) -> None:
-    """Lets the remote actors leave before the final checkpoint (their
-    heartbeat answers 'stop'; they flush their open chunks and counts), at
-    most ``LEAVE_WAIT_S``; at once when none is joined."""
-    deadline = time.monotonic() + LEAVE_WAIT_S
-    while time.monotonic() < deadline:
-      with self._join_lock:
-        self._join.expire(time.monotonic())
-        if not self._join.active:
-          return
-      time.sleep(0.2)
-    log(f'[learner] {len(self._join.active)} remote actors did not leave '
-        f'within {LEAVE_WAIT_S:.0f}s; final checkpoint without their last '
-        'steps')
+  def _stop_joiners(self) -> None:
+    """Lets the remote actors leave before the final checkpoint (the join
+    service answers 'stop'; their open chunks are flushed), at most
+    ``join.slots.LEAVE_WAIT_S``; at once when none is joined."""
+    if self._join is None or self._joiners_stopped.is_set():
+      return
+    try:
+      self._join.stop_joiners()
+    except Exception as e:  # noqa: BLE001  (the service is gone: nothing to wait for)
+      log(f'[learner] join service unreachable at the stop: {e}')
+    self._joiners_stopped.set()
 
   def _final(self) -> None:
-    if not self._joiners_stop.is_set():       # a stop signal, not finish()
-      self._joiners_stop.set()
-      self._wait_for_joiners()
+    self._stop_joiners()                      # after a stop signal
     try:
       self._counts = self._counter.flush()
     except Exception:  # noqa: BLE001
       pass
-    if self._last_row_step != int(self._counts.get('env_steps', 0)):
+    if (self._last_row_step != int(self._counts.get('env_steps', 0)) or
+        self._join is not None):      # the remote actors' leaving counts too
       self._write_row()
     ckpt = self._save_checkpoint()
     touch(self._spec.learner_done_path)
@@ -343,11 +275,18 @@ class LearnerNode:
     return row
 
   def _join_row(self) -> Dict[str, Any]:
-    if not self._spec.dist.join_slots:
+    """The join service's ``join/*`` metrics (none when it does not answer)
+    and its claim numbers for the next checkpoint."""
+    if self._join is None:
       return {}
-    with self._join_lock:
-      self._join.expire(time.monotonic())
-      return self._join.row()
+    try:
+      row = dict(self._join.row())
+      self._join_state = self._join.state()
+    except Exception as e:  # noqa: BLE001  (restarting: the next row has it)
+      log(f'[learner] join service unreachable: {e}')
+      return {}
+    self._join_scores = row.pop('recent_scores', [])
+    return row
 
   def _run_logger(self) -> metrics.RunLogger:  # train and learner rows
     self._logger = self._logger or metrics.RunLogger(self._spec.run.logdir)
@@ -387,6 +326,8 @@ class LearnerNode:
       self._counter.flush()
       counter_state = self._counter_client.save()
       counts = self._counter_client.get_counts()
+      if self._join is not None:      # after Reverb's: every claim with items
+        self._join_state = self._join.state()
     except Exception as e:  # noqa: BLE001
       log(f'[learner] checkpoint skipped, a node did not answer: {e}')
       return None
@@ -419,7 +360,7 @@ class LearnerNode:
                 'wall_time': self._wall0 + time.perf_counter() - self._t_start,
                 'next_log': self._next_log,
                 'transitions': int(counts.get('actor_steps', 0)),
-                'owed_updates': 0, 'join': self._join.state()},
+                'owed_updates': 0, 'join': self._join_state},
             actors=actor_states, evaluator=self._last_eval_state,
             recent_scores=[] if recent is None else [recent]))
     self._last_ckpt = final
@@ -428,6 +369,3 @@ class LearnerNode:
     return final
 
 
-def _port(address: str) -> int:
-  """The port of a 'host:port' address."""
-  return int(str(address).rpartition(':')[2])

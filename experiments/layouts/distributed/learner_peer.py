@@ -13,18 +13,23 @@ loads the same checkpoint as process 0 (the run directory must be visible
 to it). It stops when process 0 stops the learner or at the program's stop.
 
 Peers on other hosts (``--remote_learner_processes=R``: the last R of the
-processes): the launcher publishes this launch's spec and Reverb address in
-``<logdir>/learner_peers.pkl`` (``publish``), and ``run_dmc.py --distributed
+processes): the launcher publishes this launch's settings
+(``ProgramSpec.to_json``) and Reverb address in
+``<logdir>/learner_peers.json`` (``publish``), signed with the run secret
+(``secret.sign``: JSON, never pickle), and ``run_dmc.py --distributed
 --learner_peer=K --logdir=<the same run directory> [--bind=HOST]`` on the
-other host runs process K from it (``run_remote_peer``). The run directory
-must be shared at the same path (the peer reads the spec and, on resume,
+other host runs process K from it (``run_remote_peer``), after checking the
+file is private (``private_files``) and its tag verifies. The run directory
+must be shared at the same path (the peer reads the settings and, on resume,
 the checkpoint); a restarted program needs its remote peers started again.
+The learner processes talk over jax.distributed, gloo and Reverb, which
+have no authentication: they assume a trusted cluster network (README
+"Security").
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from typing import Optional
 
@@ -35,8 +40,11 @@ from agent.learner import StopRequested
 from experiments.layouts.distributed.addresses import advertised_host
 from experiments.layouts.distributed.node_utils import (
     in_launchpad, lp_hooks, record_error, wait_for_replay)
+from experiments.layouts.distributed.secret import (
+    joiner_secret, sign, verify)
 from experiments.layouts.distributed.spec import ProgramSpec
 from experiments.run import rundir
+from experiments.run.private_files import check_private
 from experiments.run.config import log
 from reverb_tables import checkpoint as rckpt
 
@@ -62,7 +70,8 @@ class LearnerPeerNode:
     if spec.resume:
       rckpt.load_replay_state(spec.resume, None,
                               latent_store=self._dataset.latent_store)
-      self._learner.restore(rundir.load_learner_state(spec.resume))
+      self._learner.restore(rundir.load_learner_state(
+          spec.resume, self._learner.state))
     log(f'[learner {self._id}] joined {spec.coordinator_address}: process '
         f'{self._id} of {spec.dist.learner_processes}, '
         f'{self._learner.num_steps} updates so far in this launch')
@@ -89,17 +98,20 @@ class LearnerPeerNode:
 
 # --- peers on other hosts -----------------------------------------------------------
 
-PEERS_FILE = 'learner_peers.pkl'
+PEERS_FILE = 'learner_peers.json'
 
 
-def publish(spec: ProgramSpec, replay_port: int) -> Optional[str]:
-  """Writes ``<logdir>/learner_peers.pkl`` for the remote peers of this
-  launch (spec and Reverb address); None without remote peers."""
+def publish(spec: ProgramSpec, replay_port: int,
+            secret: bytes) -> Optional[str]:
+  """Writes ``<logdir>/learner_peers.json`` for the remote peers of this
+  launch (settings and Reverb address, signed with ``secret``); None
+  without remote peers."""
   if not spec.dist.remote_learner_processes:
     return None
   path = os.path.join(spec.run.logdir, PEERS_FILE)
   replay = f'{advertised_host(spec.dist.bind)}:{int(replay_port)}'
-  rundir.atomic_write(path, pickle.dumps({'spec': spec, 'replay': replay}))
+  rundir.atomic_write(path, sign(secret, {'spec': spec.to_json(),
+                                          'replay': replay}))
   first = spec.dist.learner_processes - spec.dist.remote_learner_processes
   log(f'[run] start learner processes {first}..'
       f'{spec.dist.learner_processes - 1} on their hosts (within 300 s): '
@@ -109,21 +121,26 @@ def publish(spec: ProgramSpec, replay_port: int) -> Optional[str]:
 
 
 def run_remote_peer(logdir: str, process_id: int, bind: str = '',
-                    wait_s: float = 300.0) -> None:
+                    secret_file: str = '', wait_s: float = 300.0) -> None:
   """Runs learner process ``process_id`` of the program whose run directory
   is ``logdir`` (``publish``); returns when that launch's learner stops.
-  ValueError when the id is not one of the program's remote processes."""
+  ValueError when the id is not one of the program's remote processes, or
+  the settings file is not private or not signed with the run secret
+  (``secret_file``, else ``$DREAMER_JOIN_SECRET``, else the logdir's)."""
   import reverb
-  path = os.path.join(os.path.abspath(logdir), PEERS_FILE)
+  logdir = os.path.abspath(logdir)
+  key = joiner_secret(logdir, secret_file)
+  path = os.path.join(logdir, PEERS_FILE)
   deadline = time.monotonic() + wait_s
   while not os.path.exists(path):
     if time.monotonic() > deadline:
       raise RuntimeError(f'no {path} after {wait_s:.0f}s: start the program '
                          '(with --remote_learner_processes) first')
     time.sleep(1.0)
-  with open(path, 'rb') as f:
-    info = pickle.load(f)
-  spec: ProgramSpec = info['spec']
+  check_private(path)
+  with open(path) as f:
+    info = verify(key, f.read(), path)
+  spec = ProgramSpec.from_json(info['spec'])
   dist = spec.dist
   first = dist.learner_processes - dist.remote_learner_processes
   if not first <= process_id < dist.learner_processes:

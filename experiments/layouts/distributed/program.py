@@ -19,6 +19,10 @@ r"""DreamerV3 as a Launchpad program (``local_mp``), in Acme's distributed layou
   evaluator  (with ``--eval_episodes`` > 0) spec 7.3 evaluations every
              ``--eval_every`` env steps and at the end.
   limiter    the step budget (``acme.utils.lp_utils.StepsLimiter``'s job).
+  join       (with ``--join_slots`` > 0) the join service
+             (``join/service.py``): the one way in for remote actors on
+             other hosts, authenticated by the run secret; it stores their
+             steps through the builder's adder on this host.
 
 What Acme's layout lacks is added here as small named pieces: the learner
 also owns the latent write-back store (spec 5.9); checkpoints pair the Reverb
@@ -30,8 +34,9 @@ Files: spec.py (what every node is given), node_utils.py, learner.py,
 learner_peer.py, actor.py and evaluator.py (the worker nodes), this file (replay, counter and
 limiter nodes, the program), launch.py (validate, launch, restart, report),
 supervisor.py (restarts of dead nodes, issue 22), lp_init.py (per-process
-set-up), join.py and join_slots.py (remote actors that join a running
-program), addresses.py (the address other hosts reach, ``--bind``).
+set-up), join/ (remote actors that join a running program: the service,
+the remote actor, their wire format and book of claims), secret.py (the run
+secret), addresses.py (the address other hosts reach, ``--bind``).
 
 Worker ids: all actors write into one global layout of ``num_envs`` env
 workers; actor k's adder has ``worker_offset = k * n`` (n envs per actor), so
@@ -67,6 +72,7 @@ from acme.utils import counting
 from experiments.layouts.distributed import lp_init
 from experiments.layouts.distributed.actor import ActorNode
 from experiments.layouts.distributed.evaluator import EvaluatorNode
+from experiments.layouts.distributed.join.service import JoinService
 from experiments.layouts.distributed.learner import LearnerNode
 from experiments.layouts.distributed.learner_peer import LearnerPeerNode
 from experiments.layouts.distributed.node_utils import (
@@ -166,47 +172,6 @@ class StepLimiter:
     self._stopper()
 
 
-# --- a courier node on a fixed port ----------------------------------------------
-
-
-class _FixedPort:
-  """A Launchpad address builder of ``localhost:<port>``."""
-
-  def __init__(self, port: int):
-    self._address = f'localhost:{int(port)}'
-
-  def build(self) -> str:
-    return self._address
-
-
-def _courier_node_class():
-  import launchpad as lp
-
-  class FixedPortCourierNode(lp.CourierNode):
-    """``lp.CourierNode`` whose server takes ``port`` (0: Launchpad's free
-    port at each launch): local_mp binds every address to a fresh port
-    (``launchpad.nodes.python.addressing.bind_addresses_local``), but remote
-    actors need the learner's to be known before they start (``--join_port``).
-    """
-
-    def __init__(self, port: int, *args, **kwargs):
-      super().__init__(*args, **kwargs)
-      self._fixed_port = int(port)
-
-    def bind_addresses(self, **kwargs):
-      super().bind_addresses(**kwargs)
-      if self._fixed_port:
-        self._address.bind(_FixedPort(self._fixed_port))
-
-  return FixedPortCourierNode
-
-
-def fixed_port_courier_node(port: int, *args, **kwargs):
-  """A ``FixedPortCourierNode`` (``_courier_node_class``; launchpad is
-  imported on first use, as in ``build_program``)."""
-  return _courier_node_class()(port, *args, **kwargs)
-
-
 # --- the program ----------------------------------------------------------------------------
 
 
@@ -229,10 +194,9 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
     handle.set_client_kwargs(call_timeout=timeout)
     return handle
 
-  learner_node = fixed_port_courier_node(dist.join_port, LearnerNode)
-  learner = timed(learner_node.create_handle())   # actors, evaluator
+  learner_node = lp.CourierNode(LearnerNode)
+  learner = timed(learner_node.create_handle())   # actors, evaluator, join
   learner_untimed = learner_node.create_handle()    # finish(): no timeout
-  own = learner_node.create_handle()                # its own address (join)
   timed(counter)
   actor_nodes = [lp.CourierNode(ActorNode, spec, k, replay, learner, counter)
                  for k in range(dist.num_actors)]
@@ -243,7 +207,11 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
     evaluator_node = lp.CourierNode(EvaluatorNode, spec, learner, counter)
     evaluator = timed(evaluator_node.create_handle(), 30.0)
     evaluator_untimed = evaluator_node.create_handle()
-  learner_node.configure(spec, replay, counter, actors, evaluator, own)
+  join_node = join = None
+  if dist.join_slots:          # remote actors come in through the service
+    join_node = lp.CourierNode(JoinService, spec, replay, learner, counter)
+    join = timed(join_node.create_handle())
+  learner_node.configure(spec, replay, counter, actors, evaluator, join)
   with program.group('learner'):
     program.add_node(learner_node)
     local = dist.learner_processes - dist.remote_learner_processes
@@ -255,6 +223,9 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
   if evaluator_node is not None:
     with program.group('evaluator'):
       program.add_node(evaluator_node)
+  if join_node is not None:
+    with program.group('join'):
+      program.add_node(join_node)
   with program.group('limiter'):
     program.add_node(lp.CourierNode(StepLimiter, spec, counter,
                                     learner_untimed, actors_untimed,

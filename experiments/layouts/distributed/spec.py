@@ -21,7 +21,8 @@ from experiments.run.config import RunConfig
 from reverb_tables.latent_store import id_jump
 
 MODE = 'distributed'
-GROUPS = ('replay', 'counter', 'limiter', 'learner', 'actor', 'evaluator')
+GROUPS = ('replay', 'counter', 'limiter', 'learner', 'actor', 'evaluator',
+          'join')
 LEARNER_DONE_FILE = 'learner_done'
 SUMMARY_FILE = 'summary.json'
 # <logdir>/join.json: where remote actors join (``--join``), by the learner.
@@ -38,7 +39,7 @@ RESTART_ENV = 'DREAMER_NODE_RESTART'
 # Each node process's group ('replay', 'learner', 'actor', ...).
 NODE_GROUP_ENV = 'DREAMER_NODE_GROUP'
 # Node groups restarted in place; any other dead node restarts the program.
-RESTARTABLE_GROUPS = ('actor', 'evaluator')
+RESTARTABLE_GROUPS = ('actor', 'evaluator', 'join')
 
 
 def node_restart() -> int:
@@ -46,6 +47,11 @@ def node_restart() -> int:
   return int(os.environ.get(RESTART_ENV, '0') or 0)
 
 
+
+
+def _no_env_factory(seed: int):
+  raise ValueError('this process has no env factory of the program\'s '
+                   "'custom' suite (it was not sent: it is code)")
 
 
 def check_actors(num_envs: int, num_actors: int) -> None:
@@ -84,18 +90,26 @@ class DistributedConfig:
     ``run_dmc.py --learner_peer=K``) rather than by this program; needs a
     ``coordinator_address`` they reach.
   join_slots: env workers reserved for remote actors that join the running
-    program (``join.py``; ``join_slots.py``); 0: none can join.
-  join_port: the learner's courier port, where remote actors join; 0 picks
-    a free one at each launch (then read ``<logdir>/join.json``).
-  bind: the host other machines reach this one at (``addresses.py``):
-    written to ``join.json`` (remote actors) and ``learner_peers.pkl``
-    (remote learner processes), and where gloo listens (``gloo_host``);
-    '' -> 'localhost' (gloo: jax's default); '0.0.0.0' -> this machine's
-    first non-loopback IPv4 address; else used as given. Reverb and courier servers
-    listen on every interface whatever this says (their servers take a port
-    only), so keep untrusted networks out with a firewall.
+    program (``join/``); 0: none can join.
+  join_port: the join service's port (``join/service.py``), where remote
+    actors join; 0 picks a free one at each launch (then read
+    ``<logdir>/join.json``).
+  bind: where this host listens for other hosts: the join service listens
+    on it ('' -> loopback only; '0.0.0.0' -> every interface), and it is
+    the address written to ``join.json`` (remote actors) and
+    ``learner_peers.json`` (remote learner processes) and where gloo and the
+    coordination service listen (``gloo_host``; ``addresses.py``: '0.0.0.0'
+    is advertised as this machine's first non-loopback IPv4 address). Reverb
+    and courier servers listen on every interface whatever this says (their
+    servers take a port only), so keep untrusted networks out with a
+    firewall (README "Security").
   join_lease_s: a remote actor's claim ends after this long without a
-    heartbeat (it died or lost the network), ``--join_lease``.
+    message while it is not waiting on the replay (it hangs), ``--join_lease``;
+    a claim whose connection ends is freed at once.
+  join_max_envs: envs one remote actor may claim (``--join_max_envs``; 0:
+    every join slot).
+  join_secret_file: the run secret's file (``secret.py``); '' is
+    ``<logdir>/join.secret``.
   """
   num_actors: int = 2
   update_period: int = 1
@@ -113,6 +127,8 @@ class DistributedConfig:
   join_port: int = 0
   bind: str = ''
   join_lease_s: float = 60.0
+  join_max_envs: int = 0
+  join_secret_file: str = ''
 
   def __post_init__(self):
     if self.num_actors < 1:
@@ -146,6 +162,9 @@ class DistributedConfig:
     if self.join_lease_s <= 0:
       raise ValueError(f'--join_lease must be > 0 seconds, got '
                        f'{self.join_lease_s}')
+    if self.join_max_envs < 0:
+      raise ValueError(f'--join_max_envs must be >= 0, got '
+                       f'{self.join_max_envs}')
     if self.terminal not in TERMINALS:
       raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
                        f'{self.terminal!r}')
@@ -225,7 +244,7 @@ class ProgramSpec:
   @property
   def num_workers(self) -> int:
     """Env workers of the step-id layout: the program's ``num_envs``, then
-    the ``join_slots`` reserved for joined remote actors (``join.py``)."""
+    the ``join_slots`` reserved for joined remote actors (``join/``)."""
     return self.run.num_envs + self.dist.join_slots
 
   @property
@@ -242,6 +261,46 @@ class ProgramSpec:
     process's step (spec 5.9)."""
     steps = 2 * (self.run.env_steps // self.run.action_repeat + 1)
     return id_jump(self.config, self.num_workers, steps)
+
+  # -- as JSON (remote actors and learner processes; never pickled) ----------
+  def to_json(self) -> Dict[str, Any]:
+    """The settings another host needs, as JSON types: the run (without the
+    env factory), the agent config, the program's settings, the spaces, and
+    this launch's segment, resume point and coordinator."""
+    run = {f.name: getattr(self.run, f.name)
+           for f in dataclasses.fields(self.run)
+           if f.name not in ('env_factory', 'flags_text')}
+    return {'run': run, 'config': dataclasses.asdict(self.config),
+            'dist': dataclasses.asdict(self.dist),
+            'spaces': {'obs': {k: list(v) for k, v in self.spaces.obs.items()},
+                       'act_dim': self.spaces.act_dim,
+                       'discrete': self.spaces.discrete},
+            'launch_dir': self.launch_dir, 'segment': self.segment,
+            'resume': self.resume,
+            'coordinator_address': self.coordinator_address}
+
+  @classmethod
+  def from_json(cls, data: Dict[str, Any]) -> 'ProgramSpec':
+    """The spec ``to_json`` describes; ValueError naming a field that the
+    constructors refuse. A 'custom' suite's env cannot be made here."""
+    from agent.config import make_config
+    try:
+      run = dict(data['run'])
+      if run.get('suite') == 'custom':
+        run['env_factory'] = _no_env_factory
+      sp = data['spaces']
+      return cls(
+          run=RunConfig(**run), config=make_config(**data['config']),
+          dist=DistributedConfig(**data['dist']),
+          spaces=EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
+                           act_dim=int(sp['act_dim']),
+                           discrete=bool(sp['discrete'])),
+          launch_dir=str(data['launch_dir']), segment=int(data['segment']),
+          resume=data['resume'],
+          coordinator_address=str(data['coordinator_address']))
+    except (KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f'program settings are incomplete or malformed: '
+                       f'{e!r}') from None
 
   def wait_for_learner(self) -> bool:
     """Blocks until the learner's final checkpoint is written (or the grace)."""

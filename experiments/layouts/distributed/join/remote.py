@@ -1,226 +1,366 @@
-r"""Remote actors: act for a running Launchpad program from another host.
+r"""A remote actor: acts for a running Launchpad program from another host.
 
-  # on the learner's host: reserve 8 env workers for remote actors
-  python experiments/run_dmc.py --flagfile=... --distributed \
-      --join_slots=8 --join_port=7070 --bind=0.0.0.0 --logdir=runs/x
-  # on any host that reaches it (the address is also in runs/x/join.json)
   python experiments/run_dmc.py --distributed --join=learner-host:7070 \
-      --num_envs=4
+      --join_secret_file=join.secret --num_envs=4
+  python experiments/run_dmc.py --distributed --join=runs/x --num_envs=4
 
-The joining process asks the program's learner (its courier server at
-``--join``: HOST:PORT, or a run directory whose ``join.json`` names it) for ``--num_envs`` join slots (``join_slots.JoinSlots``). The
-answer carries the program's settings (task, agent config, action repeat:
-a remote actor has no settings of its own) and the ports of the Reverb server
-and the counter on the same host. It then runs the program's own actor
-(``actor.ActorNode``, an ``acme.EnvironmentLoop`` over ``--num_envs`` envs)
-against those: its steps go into the program's replay through the same
-rate limiter, its env steps into the program's counter and budget, its
-finished episodes to the learner (``scores.jsonl``, the train rows'
-``episode/recent_score_mean`` and ``join/*``), and it fetches parameters from
-the learner like the program's actors.
+``--join`` is the program's join service (``service.py``): HOST:PORT, or
+its run directory (a shared file system), whose ``join.json`` names the
+address and whose ``join.secret`` is the run secret. Otherwise the secret
+comes from ``--join_secret_file`` or ``$DREAMER_JOIN_SECRET``
+(``secret.joiner_secret``). The process proves it holds the secret
+(``wire.py``), claims ``--num_envs`` join slots and gets the program's
+settings as JSON: a remote actor has no settings of its own.
 
-A heartbeat thread renews the claim every ``HEARTBEAT_S``. The remote actor
-leaves (flushes its open chunks and counts, frees its slots) when the program
-stops (the learner's final checkpoint waits for that, at most
-``LEAVE_WAIT_S``) or drops its claim, on Ctrl-C / SIGTERM, or after
-``lease_s`` (``--join_lease``) without reaching the learner. Joining and
-leaving never stops the program; what the rate limiter and the step counter
-do when an actor leaves is in ``join_slots.py`` and docs/deviations.md
-"Remote actors".
+It then runs the builder's actor (``builder.make_actor``) in an
+``acme.EnvironmentLoop`` (``experiments.run.env_loop``) over its envs, as
+the program's actor nodes do, with two pieces that talk to the service
+instead of Reverb and the learner: ``RemoteAdder`` sends each vector step
+(the stored leaves as raw arrays, step ids filled from the claim's base; at
+most ``STEPS_IN_FLIGHT`` ahead of the service's acknowledgements) and
+``RemoteParams`` is the variable source (the learner's acting parameters,
+checked against the shapes this process's own networks have). It opens no
+connection but the one to the service.
+
+A heartbeat every ``heartbeat_s`` keeps the claim; the service answers
+'stop' when the program stops. The actor leaves (the service flushes its
+open chunks and frees its slots) then, on Ctrl-C / SIGTERM, or when the
+service refuses a message (its reason is printed) or goes away.
 
 Why not a Launchpad program: Launchpad's local launcher starts the nodes of
-one program on one machine and hands out their addresses itself; a node of a
-program started elsewhere has no launcher that knows it (launchpad #45).
-So this is one plain process with the program's actor in it.
+one program on one machine and hands out their addresses itself; a node of
+a program started elsewhere has no launcher that knows it (launchpad #45).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import signal
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
+
+import numpy as np
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
-from experiments.layouts.distributed.actor import ActorNode
-from experiments.layouts.distributed.join_slots import HEARTBEAT_S
-from experiments.layouts.distributed.spec import JOIN_FILE
-from experiments.run.config import log
+from experiments.layouts.distributed.join import wire
+from experiments.layouts.distributed.secret import joiner_secret
+from experiments.layouts.distributed.spec import JOIN_FILE, ProgramSpec
+from experiments.run import env_loop, rundir
+from experiments.run.config import log, segment_seed
 
-# How long a joining actor keeps trying to reach the learner at the start.
+# How long a joining actor keeps trying to reach the service at the start.
 CONNECT_S = 300.0
+# Frames before the claim (the program's settings) are at most this big.
+HELLO_BYTES = 4 * 1024 * 1024
+# Policy-stream index of join claim c: JOIN_STREAM + c (actor ids stay below).
+JOIN_STREAM = 1 << 16
+# How long the remote actor waits for the service's answer to leave.
+LEAVE_S = 60.0
+# Vector steps a remote actor sends ahead of the service's acknowledgements
+# (service.py "Flow control").
+STEPS_IN_FLIGHT = 4
 
 
-def learner_address(target: str) -> str:
+def service_address(target: str) -> str:
   """``--join``: HOST:PORT as given, or the address in a run directory's
-  ``join.json`` (the directory or the file itself, e.g. on a shared file
-  system)."""
+  ``join.json`` (the directory or the file itself)."""
   target = str(target)
   path = os.path.join(target, JOIN_FILE) if os.path.isdir(target) else target
   if os.path.isfile(path):
-    with open(path) as f:
-      return json.load(f)['address']
+    return rundir.read_json(path)['address']
   if os.path.isdir(target):
     raise ValueError(f'--join {target}: no {JOIN_FILE} there (the program '
                      'writes it when started with --join_slots)')
+  wire.parse_address(target)
   return target
 
 
-def parse_address(address: str):
-  """'HOST:PORT' -> (host, port); ValueError naming the flag otherwise."""
-  host, sep, port = str(address).rpartition(':')
-  if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
-    raise ValueError(f'--join must be HOST:PORT or a run directory with a '
-                     f'{JOIN_FILE}, got {address!r}')
-  return host, int(port)
+class _Link:
+  """The connection's reader: routes the service's answers (params replies
+  to the waiting fetch; 'stop' sets ``stop``; a refusal or a lost
+  connection sets ``stop`` and ``error``)."""
 
+  def __init__(self, conn: wire.Connection, stop: threading.Event):
+    self.conn, self._stop = conn, stop
+    self.error: Optional[str] = None       # refused, or the service is gone
+    self.program_stopped = False
+    self.stored = 0                        # vector steps the service stored
+    self.stats: Dict[str, float] = {}
+    self._replies: Dict[str, Any] = {}
+    self._arrived = threading.Condition()
+    threading.Thread(target=self._read, name='join-reader',
+                     daemon=True).start()
 
-class JoinedActor(ActorNode):
-  """The program's actor on its join slots; episodes go to the learner."""
-
-  def __init__(self, spec, replay, learner, counter, ticket: Dict[str, Any]):
-    self._claim = int(ticket['claim'])
-    self._episodes = 0
-    super().__init__(spec, -1, replay, learner, counter, ticket=ticket)
-    self._base = int(ticket['index_base'])
-
-  def _on_episode(self, ep) -> None:
-    self._episodes += 1
-    self._recent_scores = (self._recent_scores + [ep.score])[-5:]
+  def _read(self) -> None:
     try:
-      self._learner.join_episodes(self._claim,
-                                  [(int(ep.env_step), float(ep.score))])
-    except Exception as e:  # noqa: BLE001  (the heartbeat decides on leaving)
-      log(f'[{self._name}] episode score not delivered: {e}')
+      while True:
+        header, arrays = self.conn.recv()
+        kind = header.get('type')
+        if kind == 'stored':
+          with self._arrived:
+            self.stored = int(header.get('steps', 0))
+            self._arrived.notify_all()
+          continue
+        if kind == 'refused':
+          self._fail(f'the program refused a message: {header.get("reason")}')
+        elif kind == 'heartbeat':
+          self.stats = header.get('stats') or {}
+          if header.get('answer') != 'ok':
+            self.program_stopped = True
+            self._stop.set()
+        with self._arrived:
+          self._replies[kind] = (header, arrays)
+          self._arrived.notify_all()
+        if kind == 'left':           # the service closes the connection now
+          return
+    except (wire.WireError, ConnectionError, OSError) as e:
+      if not self.conn.closed:
+        self._fail(f'the join service went away ({e})')
+      with self._arrived:
+        self._arrived.notify_all()
 
-  def join_stats(self) -> Dict[str, float]:
-    """Cumulative env steps, episodes and items of this remote actor."""
-    steps = int(sum(self.adder.lengths) - self._base * self._n)
-    return {'env_steps': float(steps * self._spec.run.action_repeat),
-            'episodes': float(self._episodes),
-            'items': float(self.adder.num_items_created)}
+  def _fail(self, why: str) -> None:
+    if self.error is None:
+      self.error = why
+    self._stop.set()
 
-  def act_until(self, stop: threading.Event,
-                pause_s: float = 30.0) -> Optional[str]:
-    """Acts in a daemon thread until ``stop``; then pauses (open chunks and
-    counts flushed, at most ``pause_s``). Returns why acting ended early
-    when the program went away under it (its servers stop before the
-    heartbeat notices); raises if acting failed while the program runs."""
-    thread = threading.Thread(target=self._act, name='acting', daemon=True)
-    thread.start()
-    while thread.is_alive() and not stop.wait(0.2):
-      pass
-    if thread.is_alive():
-      self._pause.set()
-      if not self._paused.wait(pause_s):
-        log(f'[{self._name}] still blocked after {pause_s:.0f}s (Reverb rate '
-            'limiter or a lost server): leaving without a flush')
-      self._halt.set()
-    if self._error is None:
-      return None
-    if not self._program_running():
-      return f'the program stopped ({self._error!r} while acting)'
-    raise RuntimeError(f'{self._name} failed: {self._error!r}')
+  def wait_stored(self, steps: int) -> None:
+    """Blocks until the service has stored ``steps`` vector steps (the
+    rate limiter may hold it); ConnectionError when the link failed."""
+    with self._arrived:
+      while self.stored < steps:
+        if self.error or self.conn.closed:
+          raise ConnectionError(self.error or 'the connection is closed')
+        self._arrived.wait(0.5)
 
-  def _program_running(self) -> bool:
-    try:
-      return self._learner.join_heartbeat(self._claim, None) == 'ok'
-    except Exception:  # noqa: BLE001  (gone)
-      return False
+  def wait(self, kind: str, timeout: float):
+    """The next reply of ``kind`` (header, arrays), or None."""
+    deadline = time.monotonic() + timeout
+    with self._arrived:
+      while kind not in self._replies:
+        left = deadline - time.monotonic()
+        if left <= 0 or self.conn.closed or self.error:
+          return None
+        self._arrived.wait(min(left, 0.5))
+      return self._replies.pop(kind)
 
 
-def _connect(address: str, num_envs: int, who: str, stop: threading.Event):
-  """(learner client, ticket): claims the slots, retrying until the learner
-  answers (it may still be starting) for at most ``CONNECT_S``."""
-  import courier
-  learner = courier.Client(address, call_timeout=30)
+class RemoteAdder:
+  """The actor's adder: each vector step goes to the join service, which
+  checks and stores it with the program's adder (``service.py``)."""
+
+  def __init__(self, link: _Link, ticket: Dict[str, Any]):
+    self._link, self._ticket = link, ticket
+    self._names = list(ticket['names'])
+    self.num_workers = int(ticket['num_envs'])
+    self._ids = np.stack([
+        np.arange(self.num_workers, dtype=np.int64) + int(ticket['offset']),
+        np.full(self.num_workers, int(ticket['index_base']), np.int64)], -1)
+    self.steps = 0
+
+  def add_batch(self, steps: Dict[str, Any]) -> None:
+    flat = []
+    for name in self._names:
+      node = self._ids if name == 'step_id' else steps
+      for part in name.split('/') if name != 'step_id' else ():
+        node = node[part]
+      flat.append(np.asarray(node))
+    self._link.wait_stored(self.steps + 1 - STEPS_IN_FLIGHT)
+    self._link.conn.send({'type': 'steps', 'claim': self._ticket['claim'],
+                          'token': self._ticket['token'],
+                          'names': self._names}, flat)
+    self._ids[:, 1] += 1
+    self.steps += 1
+
+
+class RemoteParams:
+  """Variable source over the join service ('policy', 'num_updates'):
+  ``get_variables`` asks for the acting parameters (the service answers
+  'same' while they have not changed) and checks them against ``expected``
+  (this process's own acting params: names, shapes, dtypes)."""
+
+  def __init__(self, link: _Link, ticket: Dict[str, Any], expected):
+    import jax
+    self._link, self._ticket = link, ticket
+    self._expected = {tuple(k.key for k in path): (tuple(x.shape), x.dtype)
+                      for path, x in jax.tree_util.tree_flatten_with_path(
+                          expected)[0]}
+    self._version, self._params = None, None
+    self._lock = threading.Lock()
+
+  @property
+  def nbytes(self) -> int:
+    return sum(int(np.prod(s)) * np.dtype(d).itemsize
+               for s, d in self._expected.values())
+
+  def get_variables(self, names):
+    with self._lock:
+      self._link.conn.send({'type': 'params', 'claim': self._ticket['claim'],
+                            'token': self._ticket['token'],
+                            'have': self._version})
+      reply = self._link.wait('params', 120.0)
+      if reply is None and self._params is not None and not self._link.error:
+        reply = ({'same': True}, [])        # leaving: keep the last ones
+      if reply is None:
+        raise ConnectionError(self._link.error or 'no parameters from the '
+                              'join service within 120 s')
+      header, arrays = reply
+      if not header.get('same'):
+        self._params = self._unflatten(header.get('paths'), arrays)
+        self._version = int(header['version'])
+    table = {'policy': self._params, 'num_updates': self._version}
+    return [table[n] for n in names]
+
+  def _unflatten(self, paths, arrays) -> Dict[str, Any]:
+    if not isinstance(paths, list) or len(paths) != len(arrays):
+      raise wire.WireError('parameters without their names')
+    got = {}
+    for path, x in zip(paths, arrays):
+      key = tuple(path) if isinstance(path, list) else None
+      if key not in self._expected or (x.shape, x.dtype) != self._expected[key]:
+        raise wire.WireError(f'parameter {path} {x.dtype}{list(x.shape)} is '
+                             'not one of this policy\'s')
+      got[key] = x
+    if len(got) != len(self._expected):
+      missing = sorted(set(self._expected) - set(got))[:3]
+      raise wire.WireError(f'parameters missing: {missing}...')
+    out: Dict[str, Any] = {}
+    for key, x in got.items():
+      node = out
+      for k in key[:-1]:
+        node = node.setdefault(k, {})
+      node[key[-1]] = x
+    return out
+
+
+def _connect(address: str, secret: bytes, stop: threading.Event):
+  """An authenticated connection, retrying while the service is not up yet
+  (at most ``CONNECT_S``); ValueError at once when the secret is refused."""
+  host, port = wire.parse_address(address)
   deadline = time.monotonic() + CONNECT_S
   while True:
     try:
-      return learner, learner.join(num_envs, who)
-    except Exception as e:  # noqa: BLE001
-      text = str(e)
-      if 'raised on the server' in text:      # the learner said no
-        raise ValueError(f'the program at {address} refused the join: '
-                         f'{text.strip().splitlines()[-1]}') from None
+      return wire.connect(host, port, secret, HELLO_BYTES)
+    except wire.AuthError as e:
+      raise ValueError(f'could not join {address}: {e}') from None
+    except OSError as e:
       if stop.is_set() or time.monotonic() > deadline:
-        raise RuntimeError(f'could not reach the learner at {address} for '
-                           f'{CONNECT_S:.0f}s: {e}') from None
-      log(f'[join] waiting for the learner at {address}: {text[:120]}')
+        raise RuntimeError(f'could not reach the join service at {address} '
+                           f'for {CONNECT_S:.0f}s: {e}') from None
+      log(f'[join] waiting for the join service at {address}: {e}')
       stop.wait(5.0)
 
 
-def _heartbeat(actor: JoinedActor, learner, claim: int, lease_s: float,
-               stop: threading.Event, why: Dict[str, str]) -> None:
-  """Renews the claim until ``stop``; sets it when the program says stop or
-  has not answered for ``lease_s``."""
-  last_ok = time.monotonic()
-  while not stop.wait(min(HEARTBEAT_S, lease_s / 4)):
+def _heartbeat(link: _Link, ticket: Dict[str, Any], every: float,
+               stop: threading.Event) -> None:
+  while not stop.wait(every):
     try:
-      answer = learner.join_heartbeat(claim, actor.join_stats())
-      last_ok = time.monotonic()
-      if answer != 'ok':
-        why['stop'] = 'the program stopped or dropped this claim'
-        stop.set()
-    except Exception as e:  # noqa: BLE001
-      if time.monotonic() - last_ok > lease_s:
-        why['stop'] = f'no answer from the learner for {lease_s:.0f}s ({e})'
-        stop.set()
+      link.conn.send({'type': 'heartbeat', 'claim': ticket['claim'],
+                      'token': ticket['token']})
+    except (OSError, ValueError):
+      return
 
 
-def join_program(address: str, num_envs: int,
+def join_program(target: str, num_envs: int, secret_file: str = '',
                  stop: Optional[threading.Event] = None) -> Dict[str, Any]:
-  """Acts for the program whose learner is at ``address`` with ``num_envs``
-  envs until it stops (or ``stop`` is set); returns a summary. ValueError
-  when the address is malformed or the program refuses the join."""
-  import courier
-  import reverb
+  """Acts for the program at ``target`` with ``num_envs`` envs until it
+  stops (or ``stop`` is set); returns a summary. ValueError when the address
+  or the secret is wrong or the program refuses the join."""
+  import jax
+  from acme.utils import counting
 
-  address = learner_address(address)
-  host, _ = parse_address(address)
+  from agent import acting
+  from agent.builder import seed_keys
+
   if num_envs < 1:
     raise ValueError(f'--num_envs must be >= 1, got {num_envs}')
+  address = service_address(target)
+  secret = joiner_secret(target, secret_file)
   stop = stop or threading.Event()
-  who = f'{socket.gethostname()}:{os.getpid()}'
-  learner, ticket = _connect(address, num_envs, who, stop)
-  claim, lease_s = int(ticket['claim']), float(ticket['lease_s'])
-  spec = pickle.loads(ticket['spec'])
+  conn = _connect(address, secret, stop)
+  conn.send({'type': 'claim', 'num_envs': int(num_envs),
+             'who': f'{socket.gethostname()}:{os.getpid()}'})
+  header, _ = conn.recv()
+  if header.get('type') != 'claimed':
+    conn.close()
+    raise ValueError(f'the program at {address} refused the join: '
+                     f'{header.get("reason", header)}')
+  ticket = header
+  spec = ProgramSpec.from_json(ticket['settings'])
+  c, claim = spec.config, int(ticket['claim'])
   log(f'[join] claim {claim}: {num_envs} envs of {spec.run.task} as workers '
       f'[{ticket["offset"]}, {ticket["offset"] + num_envs}) of the program '
       f'at {address} (logdir {spec.run.logdir} there)')
-  replay = reverb.Client(f'{host}:{ticket["replay_port"]}')
-  counter = courier.Client(f'{host}:{ticket["counter_port"]}',
-                           call_timeout=spec.dist.rpc_timeout_s)
-  actor = JoinedActor(spec, replay, learner, counter, ticket)
-  why = {'stop': 'a stop signal'}
-  beat = threading.Thread(target=_heartbeat, name='heartbeat', daemon=True,
-                          args=(actor, learner, claim, lease_s, stop, why))
-  beat.start()
-  t0 = time.time()
-  try:
-    ended = actor.act_until(stop)
-    if ended:
-      why['stop'] = ended
-  finally:
-    stop.set()
-    stats = actor.join_stats()
+  link = _Link(conn, stop)
+  builder = spec.builder(device_prefetch=False)
+  networks = builder.make_networks()
+  expected = jax.eval_shape(lambda k: acting.acting_params(networks.init(k)),
+                            jax.random.PRNGKey(0))
+  source = RemoteParams(link, ticket, expected)
+  conn.max_bytes = source.nbytes + wire.TAG_BYTES + HELLO_BYTES
+  seed = segment_seed(c.seed, spec.segment, restart=1 + claim)
+  env = spec.run.make_env(num_envs, seed, int(ticket['offset']))
+  adder = RemoteAdder(link, ticket)
+  key = jax.random.fold_in(jax.random.fold_in(
+      seed_keys(c.seed)['actor'], JOIN_STREAM + claim), spec.segment)
+  actor = builder.make_actor(key, builder.make_policy(networks), adder,
+                             source, num_envs=num_envs,
+                             update_period=spec.dist.update_period,
+                             versioned=True)
+  scores: List[float] = []
+  observer = env_loop.EpisodeObserver(
+      num_envs, on_episode=lambda ep: scores.append(ep.score))
+  loop = env_loop.VectorEnvironmentLoop(env, actor, counting.Counter(),
+                                        observers=[observer],
+                                        should_stop=stop.is_set)
+  threading.Thread(target=_heartbeat, name='heartbeat', daemon=True,
+                   args=(link, ticket, float(ticket['heartbeat_s']),
+                         stop)).start()
+  failure: Dict[str, BaseException] = {}
+
+  def act():
     try:
-      learner.join_leave(claim, stats)
-    except Exception as e:  # noqa: BLE001  (the lease frees the slots)
-      log(f'[join] could not say goodbye to the learner: {e}')
-    actor.env.close()
-  log(f'[join] left ({why["stop"]}): {stats["env_steps"]:.0f} env steps, '
-      f'{stats["episodes"]:.0f} episodes, {stats["items"]:.0f} items in '
-      f'{time.time() - t0:.0f}s')
-  return {'claim': claim, 'stopped_by': why['stop'],
-          'wall_s': time.time() - t0, **stats}
+      actor.variable_client.update_and_wait()
+      loop.run()
+    except BaseException as e:  # noqa: BLE001  (reported below)
+      failure['error'] = e
+    stop.set()
+
+  t0 = time.time()
+  acting_thread = threading.Thread(target=act, name='acting', daemon=True)
+  acting_thread.start()
+  while not stop.wait(0.2):
+    pass
+  acting_thread.join(LEAVE_S)
+  stats: Dict[str, float] = dict(link.stats)
+  why = (link.error or ('the program stopped' if link.program_stopped else
+                        'a stop signal') if 'error' not in failure else
+         f'acting failed: {failure["error"]!r}')
+  if link.error is None:
+    try:
+      conn.send({'type': 'leave', 'claim': claim, 'token': ticket['token']})
+      left = link.wait('left', LEAVE_S)
+      if left is not None:
+        stats = left[0].get('stats') or stats
+    except (OSError, ValueError) as e:
+      log(f'[join] could not say goodbye to the program: {e}')
+  conn.close()
+  env.close()
+  wall = time.time() - t0
+  log(f'[join] left ({why}): {stats.get("env_steps", 0):.0f} env steps, '
+      f'{stats.get("episodes", 0):.0f} episodes, {stats.get("items", 0):.0f} '
+      f'items stored in {wall:.0f}s')
+  if link.error and link.error.startswith('the program refused'):
+    raise ValueError(link.error)
+  if 'error' in failure and link.error is None and not link.program_stopped:
+    raise RuntimeError(f'remote actor failed: {failure["error"]!r}')
+  return {'claim': claim, 'stopped_by': why, 'wall_s': wall,
+          'steps': adder.steps, 'scores': list(scores), **stats}
 
 
-def main(address: str, num_envs: int) -> Dict[str, Any]:
+def main(target: str, num_envs: int, secret_file: str = '') -> Dict[str, Any]:
   """``run_dmc.py --join``: ``join_program`` with Ctrl-C / SIGTERM leaving
   cleanly (a second Ctrl-C kills at once)."""
   import jax
@@ -236,4 +376,4 @@ def main(address: str, num_envs: int) -> Dict[str, Any]:
 
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, on_signal)
-  return join_program(address, num_envs, stop)
+  return join_program(target, num_envs, secret_file, stop)

