@@ -9,6 +9,7 @@ releases use.
 
   builder = DreamerBuilder(config, spaces, num_envs=16)
   tables  = builder.make_replay_tables()                 # uniform + online (5.1, 5.4)
+  tables  = reverb_tables.tables.for_one_process(...)    # one process only (6.1)
   server  = reverb_tables.tables.make_server(tables, checkpoint_dir=...)
   client  = server.localhost_client()
   adder   = builder.make_adder(client)                   # WindowAdder (5.1-5.4)
@@ -22,11 +23,13 @@ releases use.
 In one process (``agent.local.DreamerAgent``) the learner is the variable
 source and the actor refreshes its params before each policy call; in
 separate processes (``experiments/layouts/distributed/``) the same methods
-take a remote client and a remote variable source. Rate limiting: the uniform table's
-SampleToInsertRatio in both (``reverb_tables.tables``): ``'ratio_sync'`` for
-one process (a band that the exact spec 6.1 schedule never leaves),
-``'ratio'`` for separate processes (spec 6.1 "parallel"). The dataset
-iterator samples one batch ahead (spec 6.3b) unless ``prefetch=False``.
+take a remote client and a remote variable source. Rate limiting: the uniform
+table's SampleToInsertRatio (``reverb_tables.tables``, 'ratio': spec 6.1
+"parallel"); the one-process layout widens its band for the exact spec 6.1
+schedule (``reverb_tables.tables.for_one_process``), as acme's runner adapts
+a builder's limiter to its layout: the builder never hears which layout it
+is in. The dataset iterator samples one batch ahead (spec 6.3b) unless
+``prefetch=False``.
 """
 
 from __future__ import annotations
@@ -61,16 +64,11 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     config: the DreamerConfig.
     spaces: the env's EnvSpaces.
     num_envs: env workers N (one adder stream and latent-store ring each).
-    rate_limiter: 'ratio_sync' (one process), 'ratio' (multi process) or
-      'min_size' (``reverb_tables.tables``).
     chunk_length: WindowAdder chunk length (docs/deviations.md "Replay");
       None = the adder's default.
-    prefetch: the dataset samples one batch ahead (spec 6.3b).
-    device_prefetch: put prefetched batches on the first jax device when it
-      is an accelerator.
+    prefetch: the dataset samples one batch ahead (spec 6.3b); on an
+      accelerator the batch goes to its first device.
     eval_policy: 'sample' (paper, spec 7.3) or 'mode' for evaluation actors.
-    learner_logger_fn: factory of the learner's acme Logger (or None).
-    learner_log_every: updates between the learner logger's writes.
     learner_devices: devices the update runs data-parallel over
       (``agent.parallel.LearnerPlacement``; batch_size must be a multiple).
     policy_device: index of the device that serves acting params.
@@ -79,10 +77,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   """
 
   def __init__(self, config: DreamerConfig, spaces: EnvSpaces, *,
-               num_envs: int, rate_limiter: str = 'ratio_sync',
-               chunk_length: Optional[int] = None, eval_policy: str = 'sample',
-               prefetch: bool = True, device_prefetch: bool = True,
-               learner_logger_fn=lambda: None, learner_log_every: int = 0,
+               num_envs: int, chunk_length: Optional[int] = None,
+               eval_policy: str = 'sample', prefetch: bool = True,
                learner_devices: int = 1, policy_device: int = 0,
                join_workers: int = 0):
     if num_envs < 1:
@@ -93,13 +89,9 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     self.config = config
     self.spaces = spaces
     self.num_envs = int(num_envs)
-    self._rate_limiter = rate_limiter
     self.chunk_length = int(chunk_length or DEFAULT_CHUNK_LENGTH)
     self._prefetch = prefetch
-    self._device_prefetch = device_prefetch
     self._eval_policy = eval_policy
-    self._logger_fn = learner_logger_fn
-    self._log_every = learner_log_every
     self._learner_devices = int(learner_devices)
     self._policy_device = int(policy_device)
     self._placement: Optional[LearnerPlacement] = None
@@ -133,14 +125,11 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   def make_replay_tables(self, environment_spec=None) -> List[reverb.Table]:
     """``uniform`` + ``online`` tables (spec 5.1, 5.4, 6.1).
 
-    The uniform table's ``SampleToInsertRatio`` limiter holds train_ratio:
-    with 'ratio' (separate processes) it is what bounds the learner; with
-    'ratio_sync' (one process) it is a band around ``make_train_schedule``'s
-    exact schedule, which the schedule never leaves."""
+    The uniform table's ``SampleToInsertRatio`` limiter ('ratio') holds
+    train_ratio: it is what bounds a learner in its own process; the
+    one-process layout adapts it (``reverb_tables.tables.for_one_process``)."""
     del environment_spec  # the step spec comes from (spaces, config)
-    return make_replay_tables(self.step_spec, self.config, self._rate_limiter,
-                              num_workers=self.num_envs,
-                              chunk_length=self.chunk_length)
+    return make_replay_tables(self.step_spec, self.config, 'ratio')
 
   def make_adder(self, replay_client: reverb.Client, *,
                  num_workers: Optional[int] = None,
@@ -156,7 +145,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
                             should_stop=lambda: False,
                             on_wait=None) -> ReplayIterator:
     """Training batches (5.3), one ahead (6.3b), with write-back latents
-    (5.8, 5.9) overlaid after the previous update's write-back."""
+    (5.8, 5.9) overlaid after the previous update's write-back; on an
+    accelerator each batch goes to its first device."""
     workers = self.num_envs + self.join_workers
     store = LatentStore(self.config, workers)
     # Of several learner processes only process 0 pops the online queue,
@@ -171,7 +161,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
         num_workers=workers)
     put = None
     device = jax.local_devices()[0]
-    if self._device_prefetch and device.platform != 'cpu':
+    if device.platform != 'cpu':
       put = lambda batch: jax.device_put(batch, device)   # noqa: E731
     if place.sharded:                   # rows split over the learner devices
       put = place.put_batch
@@ -189,13 +179,16 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   def make_learner(self, random_key, networks: nets_lib.DreamerNetworks,
                    dataset: Iterator, replay_client: Optional[reverb.Client] = None,
                    counter: Optional[counting.Counter] = None, *,
+                   logger_fn=lambda: None, log_every: int = 0,
                    should_stop=lambda: False) -> DreamerLearner:
     """The learner; with several learner processes (``jax.distributed``)
-    it runs each update together with the others (``UpdateGate``)."""
+    it runs each update together with the others (``UpdateGate``).
+    ``logger_fn()`` makes its acme Logger, written every ``log_every``
+    updates (acme's builders take a logger factory the same way)."""
     del replay_client  # the write-back goes through the dataset's latent store
     gate = UpdateGate() if self.placement.multi_process else None
     return DreamerLearner(networks, dataset, random_key, counter=counter,
-                          logger=self._logger_fn(), log_every=self._log_every,
+                          logger=logger_fn(), log_every=log_every,
                           placement=self.placement, gate=gate,
                           should_stop=should_stop)
 

@@ -62,4 +62,19 @@ def install() -> list[str]:
     return added
 
 
+def quiet_gym_notice() -> None:
+    """gym 0.26 prints a four-line 'unmaintained' notice when it is imported
+    (from the ``gym_notices`` package), and acme imports gym, so every run
+    command printed it. It is dropped for the installed gym version before
+    gym is imported (a gym imported elsewhere first still prints it)."""
+    try:
+        from importlib import metadata
+
+        import gym_notices.notices as notices
+        notices.notices.pop(metadata.version("gym"), None)
+    except Exception:  # noqa: BLE001  (no gym or no notices: nothing to quiet)
+        pass
+
+
 install()
+quiet_gym_notice()

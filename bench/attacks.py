@@ -63,6 +63,7 @@ def main():
   import psutil
   import reverb
 
+  from experiments.layouts.distributed.addresses import parse_address
   from experiments.layouts.distributed.join import wire
   from experiments.layouts.distributed.secret import read_secret
   from reverb_tables.adder import step_layout_from_server
@@ -92,7 +93,7 @@ def main():
     with open(os.path.join(args.out_dir, 'ss_after.txt'), 'w') as f:
       f.write(ss)
     address = json.load(open(os.path.join(logdir, 'join.json')))['address']
-    host, port = wire.parse_address(address)
+    host, port = parse_address(address)
     secret = read_secret(os.path.join(logdir, 'join.secret'))
 
     def attempt(name, fn):

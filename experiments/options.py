@@ -1,12 +1,17 @@
 """Every run flag, its check, and the configs the flags make (both layouts).
 
 ``define_flags(fv)`` defines the flags of ``experiments/run_dmc.py`` (and of
-the ``train()`` API) with their validators; ``configs_from_flags(fv)`` turns
-parsed flags into ``(RunConfig, DreamerConfig, DistributedConfig or None)``,
-raising ValueError that names the flag. Each rule lives once: ranges here,
-task / suite / time_limit in ``experiments.envs.suites.check_task``, the
-actor split in ``experiments.layouts.distributed.spec.check_actors``, the
-DreamerConfig's own in ``agent.config.make_config``.
+the ``train()`` API) with their validators; ``experiment_from_flags(fv)``
+turns parsed flags into the experiment both layouts take and the Launchpad
+program's settings (``configs_from_flags``: the configs alone), raising
+ValueError that names the flag. Each rule lives once: the ranges of the run
+and of the program in their tables (``experiments.run.config.RUN_RULES``,
+``experiments.layouts.distributed.settings.RULES``; the validators here and
+the dataclasses both check them), task / suite / time_limit in
+``experiments.envs.suites.check_task``, the actor and device split in
+``experiments.layouts.distributed.settings.check_layout``, the
+DreamerConfig's own in ``agent.config.make_config``, addresses in
+``experiments.layouts.distributed.addresses.parse_address``.
 
 Flag names are stable; flags.txt in a run directory lists the ones used and
 works as a --flagfile.
@@ -16,16 +21,20 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import os
 from typing import Optional, Tuple
 
 from absl import flags
 
 from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config
-from agent.parallel import check_batch_size, check_processes
+from agent.parallel import check_batch_size
 from experiments.envs import suites
-from experiments.layouts.distributed.spec import DistributedConfig, check_actors
-from experiments.run.config import RunConfig, check_max_skipped
+from experiments.layouts.distributed.addresses import parse_address
+from experiments.layouts.distributed.settings import RULES, DistributedConfig
+from experiments.run.config import (
+    RUN_RULES, RunConfig, check_max_skipped, rule_ok, rule_text)
+from experiments.run.experiment import DreamerExperiment, make_experiment
 
 # Flags that map onto DreamerConfig fields directly (flag name == field name).
 CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
@@ -49,7 +58,46 @@ DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
 JOIN_FLAG_NAMES = ('distributed', 'join', 'num_envs', 'join_secret_file')
 PEER_FLAG_NAMES = ('distributed', 'learner_peer', 'logdir', 'bind',
                    'join_secret_file')
+# What ``run_dmc.py --help`` shows, by group (every flag is in one group).
+FLAG_GROUPS = (
+    ('task and budget', ('suite', 'task', 'env_steps', 'num_envs',
+                         'action_repeat', 'time_limit', 'seed', 'logdir')),
+    ('model', ('size', 'compute_dtype', 'batch_size', 'batch_length',
+               'config_overrides', 'learner_devices', 'policy_device')),
+    ('replay', ('train_ratio', 'replay_capacity', 'train_fill',
+                'chunk_length', 'learner_prefetch')),
+    ('evaluation, logs and checkpoints', (
+        'eval_every', 'eval_episodes', 'eval_policy', 'log_every',
+        'learner_log_every', 'progress_every', 'checkpoint_every', 'report',
+        'jax_cache_dir', 'max_skipped_updates')),
+    ('layout: Launchpad program (--distributed)', (
+        'distributed', 'num_actors', 'actor_update_period', 'lp_terminal',
+        'stop_grace', 'max_restarts', 'learner_processes',
+        'coordinator_address')),
+    ('remote hosts (README "Security")', (
+        'join_slots', 'join_port', 'bind', 'join_lease', 'join_max_envs',
+        'join_secret_file', 'join', 'remote_learner_processes',
+        'learner_peer')),
+)
 MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
+
+
+def help_text(fv: flags.FlagValues, usage: str = '') -> str:
+  """``run_dmc.py --help``: ``usage``, then every run flag by group
+  (``FLAG_GROUPS``) with its default and help."""
+  lines = [usage.rstrip(), ''] if usage else []
+  for title, names in FLAG_GROUPS:
+    lines.append(f'{title}:')
+    for name in names:
+      flag = fv[name]
+      default = flag.default
+      shown = repr(default) if isinstance(default, str) else default
+      lines.append(f'  --{name} (default {shown})')
+      lines.append(flags.text_wrap(flag.help, indent='      ',
+                                   firstline_indent='      '))
+    lines.append('')
+  lines.append('All flags, absl\'s included: --helpfull.')
+  return '\n'.join(lines)
 
 
 def jax_process_env(environ=None) -> dict:
@@ -236,12 +284,13 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
       ['suite', 'task', 'time_limit'], _task_ok, flag_values=fv,
       message='--suite / --task / --time_limit')
   v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
-  v('action_repeat', lambda x: x is not None and x >= 1, 'must be >= 1')
-  v('num_envs', lambda x: x is not None and 1 <= x <= 1000, 'must be in [1, 1000]')
-  v('env_steps', lambda x: x is not None and x > 0, 'must be > 0')
+  # The range rules of the run and the program: one table each
+  # (RUN_RULES, settings.RULES), checked again when the configs are made.
+  for rule in list(RUN_RULES.values()) + list(RULES.values()):
+    if rule[0] in fv:
+      v(rule[0], functools.partial(rule_ok, rule), rule_text(rule))
   v('seed', lambda x: x is not None and 0 <= x < MAX_SEED,
     f'must be in [0, {MAX_SEED})')
-  v('eval_every', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('eval_episodes', lambda x: x is not None and 0 <= x <= 1000,
     'must be in [0, 1000]')
   v('checkpoint_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
@@ -255,28 +304,12 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   v('train_fill', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('time_limit', lambda x: x is None or x > 0, 'must be > 0 seconds')
   v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
-  v('learner_devices', lambda x: x is not None and x >= 1, 'must be >= 1')
-  v('policy_device', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('max_skipped_updates', _max_skipped_ok, 'must be an integer >= 0 '
     '(0 = never stop)')
-  v('num_actors', lambda x: x is not None and 1 <= x <= 256, 'must be in [1, 256]')
-  v('actor_update_period', lambda x: x is not None and x >= 1, 'must be >= 1')
-  v('stop_grace', lambda x: x is not None and x > 0, 'must be > 0 seconds')
-  v('max_restarts', lambda x: x is not None and x >= 0, 'must be >= 0')
-  v('learner_processes', lambda x: x is not None and 1 <= x <= 64,
-    'must be in [1, 64]')
   v('coordinator_address', _address_ok, 'must be HOST:PORT (or empty)')
   v('join', lambda x: _address_ok(x) or os.path.exists(str(x)),
     'must be HOST:PORT or a run directory with a join.json (or empty)')
-  v('join_slots', lambda x: x is not None and 0 <= x <= 1000,
-    'must be in [0, 1000]')
-  v('remote_learner_processes', lambda x: x is not None and 0 <= x <= 63,
-    'must be in [0, 63]')
   v('learner_peer', lambda x: x is None or 1 <= x <= 63, 'must be in [1, 63]')
-  v('join_lease', lambda x: x is not None and x > 0, 'must be > 0 seconds')
-  v('join_port', lambda x: x is not None and 0 <= x <= 65535,
-    'must be in [0, 65535]')
-  v('join_max_envs', lambda x: x is not None and x >= 0, 'must be >= 0')
   flags.register_multi_flags_validator(
       ['logdir', 'join'], lambda d: bool(d['logdir'] or d['join']),
       message='--logdir is required (the run directory)', flag_values=fv)
@@ -286,11 +319,14 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def _address_ok(value) -> bool:
-  """'' or HOST:PORT with a port in [1, 65535]."""
+  """'' or HOST:PORT (``addresses.parse_address``)."""
   if not value:
     return True
-  host, sep, port = str(value).rpartition(':')
-  return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
+  try:
+    parse_address(value)
+  except ValueError:
+    return False
+  return True
 
 
 def _max_skipped_ok(value) -> bool:
@@ -430,6 +466,21 @@ def peer_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
           fv.bind, fv.join_secret_file)
 
 
+def join_workers(dist: Optional[DistributedConfig]) -> int:
+  """Env workers the builder reserves for remote actors (``--join_slots``)."""
+  return dist.join_slots if dist is not None else 0
+
+
+def experiment_from_flags(fv: flags.FlagValues = flags.FLAGS
+                          ) -> Tuple[DreamerExperiment,
+                                     Optional[DistributedConfig]]:
+  """(the experiment, the Launchpad program's settings or None without
+  --distributed) from parsed flags: what both layouts take
+  (``experiments.run.experiment``); ValueError names the flag."""
+  run, config, dist = configs_from_flags(fv)
+  return make_experiment(run, config, join_workers(dist)), dist
+
+
 def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
                        ) -> Tuple[RunConfig, DreamerConfig,
                                   Optional[DistributedConfig]]:
@@ -465,8 +516,6 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
       max_skipped_updates=fv.max_skipped_updates, flags_text=text)
   dist = None
   if fv.distributed:
-    check_actors(run.num_envs, fv.num_actors)
-    check_processes(run.learner_devices, fv.learner_processes)
     dist = DistributedConfig(
         num_actors=fv.num_actors, update_period=fv.actor_update_period,
         terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace,

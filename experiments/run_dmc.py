@@ -45,10 +45,10 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 from experiments import options  # noqa: E402
 from experiments.layouts import local  # noqa: E402
-from experiments.layouts.distributed import launch, learner_peer  # noqa: E402
+from experiments.layouts.distributed import launch, remote_peers  # noqa: E402
 from experiments.layouts.distributed.join import remote  # noqa: E402
 from experiments.run import private_files, rundir  # noqa: E402
-from experiments.run.config import RunConfig  # noqa: E402
+from experiments.run.experiment import DreamerExperiment, make_experiment  # noqa: E402
 from experiments.tools import report  # noqa: E402
 
 # Flags that make no sense for train(env_factory, ...): the env comes from the
@@ -56,18 +56,21 @@ from experiments.tools import report  # noqa: E402
 NOT_TRAIN_FLAGS = ('suite', 'task', 'time_limit', 'logdir')
 
 
-def start(run: RunConfig, config, dist) -> Callable[[], Dict[str, Any]]:
-  """Validates the run for its layout (ValueError naming the problem, before
+def start(experiment: DreamerExperiment,
+          dist=None) -> Callable[[], Dict[str, Any]]:
+  """Validates the run for its layout (``dist``: the Launchpad program's
+  settings, or None for one process; ValueError naming the problem, before
   anything is written) and returns the function that runs it: the layout to
   the budget (or a stop signal), then the report, returning the summary."""
   private_files.restrict_umask()    # run files: writable by this user only
+  run = experiment.run
   if dist is not None:
-    prepared = launch.prepare(run, config, dist)
+    prepared = launch.prepare(experiment, dist)
 
     def go() -> Dict[str, Any]:
-      return launch.run_prepared(run, prepared)
+      return launch.run(prepared)
   else:
-    trainer = local.Trainer(run, config)
+    trainer = local.Trainer(experiment)
 
     def go() -> Dict[str, Any]:
       try:
@@ -129,7 +132,8 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
   run = dataclasses.replace(
       run, suite='custom', task=str(task), env_factory=env_factory,
       flags_text=f'# suite custom (experiments.run_dmc.train), task {task}\n' + text)
-  return start(run, config, dist)()
+  return start(make_experiment(run, config, options.join_workers(dist)),
+               dist)()
 
 
 def main(argv) -> int:
@@ -142,7 +146,7 @@ def main(argv) -> int:
       if flags.FLAGS.join:
         remote.main(*options.join_args_from_flags(flags.FLAGS))
       else:
-        learner_peer.run_remote_peer(*options.peer_args_from_flags(flags.FLAGS))
+        remote_peers.run_remote_peer(*options.peer_args_from_flags(flags.FLAGS))
     except ValueError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2
@@ -151,8 +155,9 @@ def main(argv) -> int:
       return 3
     return 0
   try:
-    run, config, dist = options.configs_from_flags(flags.FLAGS)
-    go = start(run, config, dist)
+    experiment, dist = options.experiment_from_flags(flags.FLAGS)
+    run = experiment.run
+    go = start(experiment, dist)
   except ValueError as e:   # bad input: nothing was written
     print(f'error: {e}', file=sys.stderr)
     return 2
@@ -173,10 +178,18 @@ def main(argv) -> int:
   return 0
 
 
+HELP_FLAGS = ('--help', '-help', '-?', '--helpshort', '-helpshort')
+
+
 if __name__ == '__main__':
   try:
     options.define_flags()
   except ValueError as e:    # a malformed $JAX_* variable (options.py)
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
+  if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+    # absl's --help lists only this module's key flags (none: they are
+    # defined in experiments/options.py); this shows every run flag, grouped.
+    print(options.help_text(flags.FLAGS, __doc__))
+    sys.exit(0)
   app.run(main)

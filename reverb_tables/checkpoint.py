@@ -84,9 +84,12 @@ def restore_server(tables: Sequence[reverb.Table], checkpoint_dir: str,
 
 
 def save_replay_state(directory: str, reverb_checkpoint: Optional[str] = None,
-                      *, adder=None, schedule=None,
-                      latent_store=None) -> Dict[str, Any]:
+                      *, adder=None, schedule=None, latent_store=None,
+                      adder_state=None) -> Dict[str, Any]:
   """Saves adder counters, schedule and latent store (atomic writes).
+
+  ``adder_state``: the counters themselves instead of an ``adder`` (the
+  merged counters of several actor processes).
 
   ``reverb_checkpoint`` is the path returned by ``checkpoint_server``; it is
   recorded so ``load_replay_state`` can check the pair belongs together.
@@ -97,7 +100,7 @@ def save_replay_state(directory: str, reverb_checkpoint: Optional[str] = None,
   state = {
       'reverb_checkpoint': (os.path.basename(os.path.normpath(
           reverb_checkpoint)) if reverb_checkpoint else None),
-      'adder': adder.get_state() if adder is not None else None,
+      'adder': adder.get_state() if adder is not None else adder_state,
       'schedule': schedule.get_state() if schedule is not None else None,
       'latent_store': latent_store is not None,
   }

@@ -196,19 +196,41 @@ def make_replay_tables(step_spec, config: ReplayConfig,
         f'replay_capacity {config.replay_capacity} < batch_size*seq_len '
         f'{config.batch_size * config.seq_len} (spec 5.1 capacity check)')
   signature = packed_window_signature(step_spec, config)
-  uniform = reverb.Table(
+  online = reverb.Table.queue(                  # spec 5.4: FIFO, pop on sample
+      name=ONLINE_TABLE, max_size=online_queue_size(config),
+      signature=signature)
+  return [_uniform_table(signature, config, make_rate_limiter(
+      config, rate_limiter, num_workers=num_workers,
+      chunk_length=chunk_length)), online]
+
+
+def _uniform_table(signature, config: ReplayConfig, rate_limiter):
+  return reverb.Table(
       name=UNIFORM_TABLE,
       sampler=reverb.selectors.Uniform(),       # spec 5.5: uniform only
       remover=reverb.selectors.Fifo(),          # spec 5.1: FIFO eviction
       max_size=config.replay_capacity,          # spec 5.1: items, not episodes
-      rate_limiter=make_rate_limiter(config, rate_limiter,
-                                     num_workers=num_workers,
-                                     chunk_length=chunk_length),
-      signature=signature)
-  online = reverb.Table.queue(                  # spec 5.4: FIFO, pop on sample
-      name=ONLINE_TABLE, max_size=online_queue_size(config),
-      signature=signature)
-  return [uniform, online]
+      rate_limiter=rate_limiter, signature=signature)
+
+
+def for_one_process(tables: Sequence[reverb.Table], step_spec,
+                    config: ReplayConfig, *, num_workers: int,
+                    chunk_length: int) -> List[reverb.Table]:
+  """The builder's 'ratio' tables adapted to one process: the uniform
+  table's limiter becomes 'ratio_sync' (module doc), the same ratio with the
+  band the synchronous schedule needs. What acme's one-process runner does
+  to a builder's tables (``_disable_insert_blocking``): the layout, not the
+  builder, knows whether actor and learner share a thread."""
+  config = ReplayConfig.of(config)
+  out = []
+  for table in tables:
+    if table.name == UNIFORM_TABLE:
+      table = _uniform_table(
+          packed_window_signature(step_spec, config), config,
+          make_rate_limiter(config, 'ratio_sync', num_workers=num_workers,
+                            chunk_length=chunk_length))
+    out.append(table)
+  return out
 
 
 def check_signatures(info, tables: Sequence[reverb.Table],

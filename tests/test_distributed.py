@@ -25,11 +25,13 @@ import pytest
 from agent import synthetic, types
 from agent.config import make_config
 from agent.learner import ReplayIterator, StopRequested
-from experiments.layouts.distributed import lp_init, node_utils
+from experiments.layouts.distributed import lp_init, rpc
 from experiments.layouts.distributed import program as program_lib
-from experiments.layouts.distributed import spec as spec_lib
+from experiments.layouts.distributed import settings as settings_lib
+from experiments.layouts.distributed import supervisor
 from experiments.run import rundir
 from experiments.run.config import RunConfig
+from experiments.run.experiment import experiment_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = os.path.join(REPO, 'experiments', 'flags', 'smoke.flags')
@@ -44,11 +46,13 @@ def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, join_slots=0,
   run = RunConfig(task='cartpole_swingup', logdir=str(tmp_path),
                   env_steps=100, num_envs=num_envs,
                   eval_episodes=eval_episodes)
-  return spec_lib.ProgramSpec(
-      run=run, config=make_config(**config_kw),
-      dist=spec_lib.DistributedConfig(num_actors=num_actors,
-                                      join_slots=join_slots),
-      spaces=synthetic.WALKER_SPACES, launch_dir=str(tmp_path / 'launch'))
+  dist = settings_lib.DistributedConfig(num_actors=num_actors,
+                                        join_slots=join_slots)
+  experiment = experiment_of(run, make_config(**config_kw),
+                             synthetic.WALKER_SPACES, join_slots)
+  settings_lib.check_layout(experiment, dist)
+  return settings_lib.ProgramSettings(
+      experiment=experiment, dist=dist, launch_dir=str(tmp_path / 'launch'))
 
 
 # --- program construction (fast) ------------------------------------------------
@@ -60,7 +64,7 @@ def test_program_groups_and_serialisation(tmp_path):
   sizes = {g: len(nodes) for g, nodes in program.groups.items()}
   assert sizes == {'replay': 1, 'counter': 1, 'learner': 1, 'actor': 2,
                    'evaluator': 1, 'limiter': 1}
-  assert set(sizes) <= set(spec_lib.GROUPS)
+  assert set(sizes) <= set(program_lib.GROUPS)
   # Every node must travel to its process (local_mp pickles them).
   for nodes in program.groups.values():
     cloudpickle.dumps([node.function for node in nodes])
@@ -91,7 +95,7 @@ def test_join_slots_add_the_join_service_node(tmp_path):
   assert len(join.input_handles) == 3
   assert len(program.groups['learner'][0].input_handles) == 2 + 2 + 1 + 1
   cloudpickle.dumps(join.function)
-  assert 'join' in spec_lib.RESTARTABLE_GROUPS
+  assert 'join' in supervisor.RESTARTABLE_GROUPS
 
 
 def test_program_without_evaluator_and_bad_split(tmp_path):
@@ -103,7 +107,7 @@ def test_program_without_evaluator_and_bad_split(tmp_path):
   with pytest.raises(ValueError, match='num_envs'):
     _spec(tmp_path, num_actors=3, num_envs=4)
   with pytest.raises(ValueError, match='num_actors'):
-    spec_lib.DistributedConfig(num_actors=0)
+    settings_lib.DistributedConfig(num_actors=0)
 
 
 def test_init_file_restores_compat(tmp_path):
@@ -241,7 +245,7 @@ def test_synced_counter_batches_and_flushes():
       return self.counter.increment(**kw)
 
   parent = Parent()
-  counter = node_utils.SyncedCounter(parent, time_delta=3600)
+  counter = rpc.SyncedCounter(parent, time_delta=3600)
   counter.increment(actor_steps=2)        # first call syncs (no sync yet)
   for _ in range(5):
     counts = counter.increment(actor_steps=2, env_steps=4)

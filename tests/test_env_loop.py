@@ -141,7 +141,9 @@ def test_eval_episodes_one_score_per_env(setup):
 def _agent_run(setup, train_step, schedule_ratio, vector_steps):
   """DreamerAgent + learner on a real server with the 'ratio_sync' limiter."""
   config, spaces, builder, nets, _ = setup
-  server = tables_lib.make_server(builder.make_replay_tables())
+  server = tables_lib.make_server(tables_lib.for_one_process(
+      builder.make_replay_tables(), builder.step_spec, config, num_workers=2,
+      chunk_length=builder.chunk_length))
   client = server.localhost_client()
   adder = builder.make_adder(client)
   dataset = builder.make_dataset_iterator(client)

@@ -24,6 +24,7 @@ import pytest
 from absl import flags
 
 from experiments import options
+from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.join import remote, wire
 from experiments.layouts.distributed.join.slots import (
     EPISODE_BURST, EPISODE_RATE, JoinSlots)
@@ -150,8 +151,8 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   (tmp_path / 'join.json').write_text('{"address": "10.0.0.1:7070"}')
   assert remote.service_address(str(tmp_path)) == '10.0.0.1:7070'
   with pytest.raises(ValueError, match='must be HOST:PORT'):
-    wire.parse_address('10.0.0.1')
-  assert wire.parse_address('[::1]:7070') == ('::1', 7070)
+    parse_address('10.0.0.1')
+  assert parse_address('[::1]:7070') == ('::1', 7070)
   base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
   with pytest.raises(ValueError, match='need --distributed'):
     options.configs_from_flags(_parse(*base, '--join_slots=2'))

@@ -24,13 +24,15 @@ from acme.utils import counting
 
 from agent import acting
 from agent.config import make_config
+from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.join import remote, wire
-from experiments.layouts.distributed.join.service import JoinService
+from experiments.layouts.distributed import program as program_lib
 from experiments.layouts.distributed.secret import SECRET_FILE, read_secret
-from experiments.layouts.distributed.spec import (
-    DistributedConfig, ProgramSpec)
+from experiments.layouts.distributed.settings import (
+    DistributedConfig, ProgramSettings)
 from experiments.run import rundir
 from experiments.run.config import RunConfig
+from experiments.run.experiment import experiment_of
 from reverb_tables.tables import UNIFORM_TABLE, make_server
 from tests.smoke_model import CARTPOLE_SPACES
 
@@ -65,16 +67,17 @@ def program(tmp_path_factory):
   os.makedirs(run.logdir)
   dist = DistributedConfig(num_actors=1, join_slots=SLOTS, join_max_envs=2,
                            join_lease_s=30.0, stop_grace_s=1.0)
-  spec = ProgramSpec(run=run, config=config, dist=dist,
-                     spaces=CARTPOLE_SPACES, launch_dir=str(launch))
-  builder = spec.builder()
+  spec = ProgramSettings(
+      experiment=experiment_of(run, config, CARTPOLE_SPACES, SLOTS),
+      dist=dist, launch_dir=str(launch))
+  builder = spec.builder
   server = make_server(builder.make_replay_tables())
   replay = server.localhost_client()
   nets = builder.make_networks()
   params = acting.acting_params(nets.init(jax.random.PRNGKey(0)))
   counter = counting.Counter()
-  service = JoinService(spec, replay, ParamsSource(jax.device_get(params)),
-                        counter)
+  service = program_lib.make_join_node(
+      spec, replay, ParamsSource(jax.device_get(params)), counter)
   thread = threading.Thread(target=service.run, daemon=True)
   thread.start()
   yield spec, service, replay, counter
@@ -89,7 +92,7 @@ def _secret(spec):
 
 
 def _connect(service, secret):
-  host, port = wire.parse_address(service.address)
+  host, port = parse_address(service.address)
   return wire.connect(host, port, secret, 1 << 24)
 
 
@@ -181,7 +184,7 @@ def test_join_without_the_secret_or_with_a_wrong_one_is_refused(program,
   with pytest.raises(wire.AuthError, match='refused the run secret'):
     _connect(service, b'\x01' * 32)
   # A client that sends no proof at all: cut off after the handshake time.
-  host, port = wire.parse_address(service.address)
+  host, port = parse_address(service.address)
   with socket.create_connection((host, port), timeout=30) as s:
     s.recv(48)
     s.sendall(b'GET / HTTP/1.0\r\n\r\n' + b'x' * 64)
@@ -212,7 +215,7 @@ def test_a_pickled_payload_never_runs(program, tmp_path):
       return (os.system, (f'echo $PPID > {marker}',))
 
   payload = pickle.dumps(Evil())
-  host, port = wire.parse_address(service.address)
+  host, port = parse_address(service.address)
   with socket.create_connection((host, port), timeout=30) as s:
     s.recv(48)
     s.sendall(payload.ljust(64, b'\0'))

@@ -17,8 +17,9 @@ import time
 import pytest
 
 from experiments.layouts.distributed import supervisor
-from experiments.layouts.distributed.spec import (
-    NODE_GROUP_ENV, RESTART_ENV, DistributedConfig)
+from experiments.layouts.distributed.program import NODE_GROUP_ENV
+from experiments.layouts.distributed.settings import DistributedConfig
+from experiments.layouts.distributed.supervisor import RESTART_ENV
 from experiments.run import rundir
 from experiments.run import restarts as restart_log
 

@@ -17,7 +17,7 @@ from agent.builder import DreamerBuilder, seed_keys
 from agent.config import make_config
 from agent.learner import DreamerLearner
 from experiments.envs.vector import VectorEnv
-from reverb_tables.tables import make_server
+from reverb_tables.tables import for_one_process, make_server
 from tests.smoke_model import SMOKE_MODEL
 
 TASK = 'cartpole_swingup'
@@ -50,7 +50,9 @@ class Replay:
   """Server + adder + dataset from the builder (one per test)."""
 
   def __init__(self, builder):
-    self.server = make_server(builder.make_replay_tables())
+    self.server = make_server(for_one_process(
+        builder.make_replay_tables(), builder.step_spec, builder.config,
+        num_workers=builder.num_envs, chunk_length=builder.chunk_length))
     self.client = self.server.localhost_client()
     self.adder = builder.make_adder(self.client)
     self.dataset = builder.make_dataset_iterator(self.client)

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 from absl import flags
 
+from experiments.layouts.distributed.settings import check_layout
+from experiments.run.experiment import make_experiment
 from experiments import options
 from experiments.layouts import local
 from experiments.run import rundir
@@ -308,7 +310,9 @@ def test_config_overrides_are_type_checked_before_anything_is_written(
 
 def test_learner_process_flags_are_checked(tmp_path):
   """--learner_processes / --coordinator_address (issue 21): checked at flag
-  parsing or in configs_from_flags, before anything is written."""
+  parsing, in configs_from_flags or in the layout check
+  (``settings.check_layout``, the first thing ``launch.prepare`` does),
+  before anything is written."""
   with pytest.raises(flags.IllegalFlagValueError, match='--coordinator_address'):
     _parse(f'--logdir={tmp_path}', '--coordinator_address=nohost')
   with pytest.raises(flags.IllegalFlagValueError, match='--learner_processes'):
@@ -319,8 +323,8 @@ def test_learner_process_flags_are_checked(tmp_path):
                                       '--learner_devices=2'))
   with pytest.raises(ValueError, match='--learner_devices 1 must be a multiple '
                      'of --learner_processes 2'):
-    options.configs_from_flags(_parse(*base, '--distributed',
-                                      '--learner_processes=2'))
+    check_layout(*options.experiment_from_flags(_parse(
+        *base, '--distributed', '--learner_processes=2')))
   _, _, dist = options.configs_from_flags(_parse(
       *base, '--distributed', '--learner_processes=2', '--learner_devices=2',
       '--coordinator_address=10.0.0.1:1234'))
@@ -361,7 +365,7 @@ def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_pat
   (tmp_path / 'file').write_text('not a directory')
   run, config, _ = options.configs_from_flags(fv)
   with pytest.raises(ValueError, match='--logdir'):
-    local.Trainer(run, config)
+    local.Trainer(make_experiment(run, config))
   # A logdir with a checkpoint of another size: error names the difference,
   # and nothing in the directory changes.
   logdir = tmp_path / 'old'
@@ -376,7 +380,7 @@ def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_pat
   (logdir / 'scores.jsonl').write_text('keep me\n')
   listing = sorted(str(p) for p in logdir.rglob('*'))
   with pytest.raises(ValueError, match="size: saved 'size1m', given 'tiny'"):
-    local.Trainer(run, config)
+    local.Trainer(make_experiment(run, config))
   assert sorted(str(p) for p in logdir.rglob('*')) == listing
   assert (logdir / 'scores.jsonl').read_text() == 'keep me\n'
 
@@ -420,7 +424,7 @@ def test_checkpoint_of_an_older_run_layer_is_refused_untouched(tmp_path):
   (ckpt / rundir.RUN_STATE_FILE).write_text(json.dumps(old_state))
   listing = sorted(str(p) for p in tmp_path.rglob('*'))
   with pytest.raises(ValueError, match='another version of the run layer'):
-    local.Trainer(run, config)
+    local.Trainer(make_experiment(run, config))
   assert sorted(str(p) for p in tmp_path.rglob('*')) == listing
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from agent import types
 from agent.config import make_config
-from experiments.layouts.distributed import learner_peer
+from experiments.layouts.distributed import remote_peers
 from experiments.layouts.distributed.join import wire
 from experiments.layouts.distributed.secret import (
     SECRET_FILE, ensure_secret, joiner_secret, sign, verify)
@@ -156,22 +156,22 @@ def test_a_planted_settings_file_of_the_learner_processes_is_refused(tmp_path):
   logdir = tmp_path / 'run'
   logdir.mkdir()
   key = ensure_secret(str(logdir / SECRET_FILE))
-  path = logdir / learner_peer.PEERS_FILE
+  path = logdir / remote_peers.PEERS_FILE
   body = {'spec': {'run': {}}, 'replay': '10.0.0.1:1'}
   path.write_text(json.dumps({'body': body, 'hmac': '0' * 64}))
   with pytest.raises(ValueError, match='does not verify'):
-    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+    remote_peers.run_remote_peer(str(logdir), 1, wait_s=1)
   path.write_text(sign(key, body).replace('10.0.0.1:1', '10.6.6.6:1'))
   with pytest.raises(ValueError, match='does not verify'):
-    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+    remote_peers.run_remote_peer(str(logdir), 1, wait_s=1)
   path.write_text(sign(b'another secret of 32 bytes long!', body))
   with pytest.raises(ValueError, match='does not verify'):
-    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+    remote_peers.run_remote_peer(str(logdir), 1, wait_s=1)
   path.write_text(sign(key, body))
   assert verify(key, path.read_text(), 'x') == body
   os.chmod(path, 0o666)
   with pytest.raises(ValueError, match='writable by other users'):
-    learner_peer.run_remote_peer(str(logdir), 1, wait_s=1)
+    remote_peers.run_remote_peer(str(logdir), 1, wait_s=1)
 
 
 @pytest.mark.parametrize('header,arrays,match', [

@@ -1,11 +1,13 @@
 """The single-process, resumable DreamerV3 run (Algorithm K, spec 6.1-6.5, 7.1-7.5).
 
-``Trainer(run, config).run()`` wires one process from Acme parts, in the
-shape of acme's ``LocalLayout`` (the builder makes every piece):
+``Trainer(experiment).run()`` wires one process from Acme parts, in the
+shape of acme's ``LocalLayout`` (the experiment's builder makes every piece,
+``experiments.run.experiment``):
 
   env      = VectorEnv(task, N)          # N envs as one dm_env.Environment
   server   = Reverb server with builder.make_replay_tables() (uniform +
-             online; the uniform one rate-limited, 'ratio_sync')
+             online), the uniform table's limiter adapted to one process
+             (``reverb_tables.tables.for_one_process``, 'ratio_sync')
   schedule = builder.make_train_schedule()              # spec 6.1, 6.2
   updates  = ScheduledUpdates(learner, schedule, ...)   # the actor's on_add
   actor    = builder.make_actor(..., on_add=updates)
@@ -36,16 +38,16 @@ a new segment so episodes are not replayed).
 from __future__ import annotations
 
 import os
-import signal
 import time
 from typing import Any, Dict, List
 
 import agent  # noqa: F401  (jax compat before acme)
-from agent.config import DreamerConfig
+from experiments.layouts import stopping
 from experiments.run import env_loop, health, metrics, rundir
 from experiments.run.config import (
-    RunConfig, enable_compilation_cache, log, next_multiple, segment_seed)
+    enable_compilation_cache, log, next_multiple, segment_seed)
 from experiments.run.evaluator import Evaluator
+from experiments.run.experiment import DreamerExperiment
 
 MODE = 'single_process'
 
@@ -53,19 +55,20 @@ MODE = 'single_process'
 class Trainer:
   """One single-process DreamerV3 run (see module doc).
 
-  ``Trainer(run, config)`` only validates (flags, --logdir, resume
-  compatibility) and touches nothing; ``run()`` builds, trains to
-  ``run.env_steps``, evaluates, checkpoints and reports; ``close()`` releases
-  the server and envs.
+  ``Trainer(experiment)`` only validates (--logdir, resume compatibility)
+  and touches nothing; ``run()`` builds, trains to ``run.env_steps``,
+  evaluates, checkpoints and reports; ``close()`` releases the server and
+  envs.
   """
 
-  def __init__(self, run: RunConfig, config: DreamerConfig):
-    self.run_config = run
-    self.config = config
+  def __init__(self, experiment: DreamerExperiment):
+    self.experiment = experiment
+    run = self.run_config = experiment.run
+    self.config = experiment.config
     self.logdir = run.logdir
-    self._resume_from = rundir.validate(run, config, MODE)
+    self._resume_from = rundir.validate(run, self.config, MODE)
     self._closed = False
-    self._stop_signal = None
+    self._signals = stopping.SignalStop()
     self._built = False
 
   def _log(self, msg: str) -> None:
@@ -76,7 +79,7 @@ class Trainer:
   def _build(self) -> None:
     from acme.utils import counting
 
-    from agent.builder import DreamerBuilder, seed_keys
+    from agent.builder import seed_keys
     from agent.local import DreamerAgent, ScheduledUpdates
     from reverb_tables import checkpoint as rckpt
     from reverb_tables import tables as tables_lib
@@ -87,21 +90,15 @@ class Trainer:
     state = rundir.load_resume_state(run, self._resume_from)
     self.segment = state['segment'] + 1 if state else 0
     self.env = run.make_env(run.num_envs, segment_seed(c.seed, self.segment))
-    self.spaces = self.env.spaces
-
-    self.builder = DreamerBuilder(c, self.spaces, num_envs=run.num_envs,
-                                  rate_limiter='ratio_sync',
-                                  chunk_length=run.chunk_length,
-                                  eval_policy=run.eval_policy,
-                                  prefetch=run.prefetch,
-                                  learner_logger_fn=lambda: metrics.LearnerRows(
-                                      lambda: self.logger, lambda: self.env_steps),
-                                  learner_log_every=run.learner_log_every,
-                                  learner_devices=run.learner_devices,
-                                  policy_device=run.policy_device)
+    self.spaces = self.experiment.spaces
+    self.builder = self.experiment.builder
     reverb_root = rundir.reverb_dir(self.logdir)
     os.makedirs(reverb_root, exist_ok=True)
-    tables = self.builder.make_replay_tables()
+    # The layout adapts the builder's limiter: learner and actor share this
+    # thread, so the band must hold the exact spec 6.1 schedule.
+    tables = tables_lib.for_one_process(
+        self.builder.make_replay_tables(), self.builder.step_spec, c,
+        num_workers=run.num_envs, chunk_length=self.builder.chunk_length)
     self.server = tables_lib.make_server(tables, checkpoint_dir=reverb_root)
     self.client = self.server.localhost_client()
     if state:
@@ -114,7 +111,10 @@ class Trainer:
     self.counter = counting.Counter()
     self.learner = self.builder.make_learner(
         self.keys['learner'], self.networks, self.dataset, self.client,
-        counting.Counter(self.counter, prefix='', time_delta=0.0))
+        counting.Counter(self.counter, prefix='', time_delta=0.0),
+        logger_fn=lambda: metrics.LearnerRows(lambda: self.logger,
+                                              lambda: self.env_steps),
+        log_every=run.learner_log_every)
     # train_ratio bounds the learner here: after each added transition the
     # schedule's due updates run, each gated on the limiter (agent.local).
     rows = c.batch_size * (2 if run.prefetch else 1)
@@ -193,30 +193,16 @@ class Trainer:
 
   @property
   def done(self) -> bool:
-    return self.env_steps >= self.run_config.env_steps
+    return stopping.budget_reached(self.env_steps, self.run_config.env_steps)
 
   # -- main loop ---------------------------------------------------------------------
   def run(self) -> Dict[str, Any]:
-    """Trains to ``env_steps``; returns a summary dict."""
+    """Trains to ``env_steps`` (or a stop signal, ``stopping.SignalStop``);
+    returns a summary dict."""
     if not self._built:
       self._build()
-    handlers = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-      try:
-        handlers[sig] = signal.signal(sig, self._on_signal)
-      except ValueError:                  # not the main thread
-        pass
-    try:
+    with self._signals:
       return self._run()
-    finally:
-      for sig, h in handlers.items():
-        signal.signal(sig, h)
-
-  def _on_signal(self, signum, frame) -> None:
-    del frame
-    if self._stop_signal is not None:     # second signal: stop now
-      raise KeyboardInterrupt
-    self._stop_signal = signum
 
   def _run(self) -> Dict[str, Any]:
     run = self.run_config
@@ -233,7 +219,7 @@ class Trainer:
     worked = not self.done
     if worked:
       self.loop.run()
-    stopped = self._stop_signal is not None
+    stopped = self._signals.requested
     if worked or stopped:
       if not stopped:
         if self._final_eval_due():
@@ -247,7 +233,7 @@ class Trainer:
                 f'{metrics.fmt_steps(self.env_steps)} env steps; nothing to train')
     self._progress(final=True)
     if stopped:
-      self._log(f'[run] stopped by signal {self._stop_signal}; checkpoint saved, '
+      self._log(f'[run] stopped by signal {self._signals.signum}; checkpoint saved, '
                 'rerun the same command to resume')
     return {
         'env_steps': self.env_steps, 'agent_steps': self.agent_steps,
@@ -278,7 +264,7 @@ class Trainer:
     if now - self._last_progress >= run.progress_every:
       self._progress(final=False)
       self._last_progress = now
-    return self.done or self._stop_signal is not None
+    return self.done or self._signals.requested
 
   def _final_eval_due(self) -> bool:
     """An eval at the end unless one ran less than eval_every / 2 ago."""
@@ -358,7 +344,7 @@ class Trainer:
         self.logdir, self.agent_steps, reverb_path=reverb_path,
         learner_state=self.learner.save(), config=self.config,
         spaces=self.spaces, run=run, mode=MODE,
-        adder=self.adder, schedule=self.schedule,
+        adder_state=self.adder.get_state(), schedule=self.schedule,
         latent_store=self.dataset.latent_store,
         run_state=rundir.make_run_state(
             mode=MODE, segment=self.segment,

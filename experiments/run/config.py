@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from experiments.envs import suites
 from experiments.envs.vector import VectorEnv
@@ -45,6 +45,47 @@ def next_multiple(x: int, every: int) -> int:
   """The first multiple of ``every`` above ``x``: the next log or eval point
   of a grid of ``every`` env steps (the one grid rule of both layouts)."""
   return (int(x) // int(every) + 1) * int(every)
+
+
+# A range rule: (flag, lowest, highest or None, lowest excluded).
+Rule = Tuple[str, float, Optional[float], bool]
+
+# field: rule -- the one home of the RunConfig's range rules (flags:
+# experiments.options registers the same table as absl validators).
+RUN_RULES: Dict[str, Rule] = {
+    'env_steps': ('env_steps', 0, None, True),
+    'num_envs': ('num_envs', 1, 1000, False),
+    'action_repeat': ('action_repeat', 1, None, False),
+    'eval_every': ('eval_every', 0, None, False),
+    'learner_devices': ('learner_devices', 1, None, False),
+    'policy_device': ('policy_device', 0, None, False),
+}
+
+
+def rule_ok(rule: Rule, value) -> bool:
+  """Whether ``value`` (a number, not a bool) satisfies ``rule``."""
+  _, lo, hi, open_lo = rule
+  if value is None or isinstance(value, bool):
+    return False
+  return (value > lo if open_lo else value >= lo) and (hi is None or
+                                                       value <= hi)
+
+
+def rule_text(rule: Rule) -> str:
+  """'must be in [1, 1000]' / 'must be > 0'."""
+  _, lo, hi, open_lo = rule
+  if hi is not None:
+    return f'must be in [{lo:g}, {hi:g}]'
+  return f'must be {">" if open_lo else ">="} {lo:g}'
+
+
+def check_rules(rules: Dict[str, Rule], obj) -> None:
+  """ValueError naming the flag of the first field of ``obj`` that breaks
+  its rule."""
+  for field, rule in rules.items():
+    value = getattr(obj, field)
+    if not rule_ok(rule, value):
+      raise ValueError(f'--{rule[0]} {rule_text(rule)}, got {value!r}')
 
 
 def check_max_skipped(value) -> int:
@@ -106,10 +147,7 @@ class RunConfig:
                                                       compare=False)
 
   def __post_init__(self):
-    if self.env_steps <= 0:
-      raise ValueError(f'--env_steps must be positive, got {self.env_steps}')
-    if self.num_envs < 1:
-      raise ValueError(f'--num_envs must be >= 1, got {self.num_envs}')
+    check_rules(RUN_RULES, self)
     if self.suite == 'custom' and self.env_factory is None:
       raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
     suites.check_task(self.suite, self.task, self.time_limit)

@@ -12,8 +12,12 @@ RUN_STATE_FILE = 'run_state.json'
 MODES = ('single_process', 'distributed')
 
 RUN_STATE_SCHEMA = 2
+# What every layout's learner saves; the one-process layout adds its train
+# schedule's position (``agent.local.ScheduledUpdates``), the Launchpad one
+# its join service's claim numbers: each writes only what it has.
 LEARNER_KEYS = ('updates', 'online_rows', 'uniform_rows', 'wall_time',
-                'next_log', 'transitions', 'owed_updates')
+                'next_log')
+ONE_PROCESS_LEARNER_KEYS = ('transitions', 'owed_updates')
 ACTOR_KEYS = ('offset', 'num_envs', 'num_items', 'num_online_items',
               'num_policy_calls')
 
@@ -35,7 +39,9 @@ def make_run_state(*, mode: str, segment: int, counts: Mapping[str, Any],
   episode scores (progress line). ``write_checkpoint`` adds 'files' and
   'time'."""
   assert mode in MODES, mode
-  missing = [k for k in LEARNER_KEYS if k not in learner]
+  missing = [k for k in LEARNER_KEYS + (ONE_PROCESS_LEARNER_KEYS if mode ==
+                                        'single_process' else ())
+             if k not in learner]
   missing += [f'actors[{i}].{k}' for i, a in enumerate(actors)
               for k in ACTOR_KEYS if k not in a]
   assert not missing, missing
@@ -68,8 +74,7 @@ def _upgrade_schema_1(state: Dict[str, Any]) -> Dict[str, Any]:
                         'num_online_items': None,
                         **state.pop('actor')}]
   else:                                             # distributed, schema 1
-    state['learner'] = {'transitions': None, 'owed_updates': 0,
-                        **state['learner']}
+    state['learner'] = dict(state['learner'])
     state.setdefault('recent_scores', [])
   state['schema'] = RUN_STATE_SCHEMA
   return state

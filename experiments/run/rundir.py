@@ -51,11 +51,11 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from experiments.run.config import RunConfig, log, segment_seed
+from experiments.run.config import RunConfig, log
 from experiments.run.private_files import check_private_tree
 from experiments.run.run_state import (  # noqa: F401  (rundir's public API)
-    ACTOR_KEYS, LEARNER_KEYS, MODES, RUN_STATE_FILE, RUN_STATE_SCHEMA,
-    load_run_state, make_run_state)
+    ACTOR_KEYS, LEARNER_KEYS, MODES, ONE_PROCESS_LEARNER_KEYS, RUN_STATE_FILE,
+    RUN_STATE_SCHEMA, load_run_state, make_run_state)
 from experiments.run.tree_files import load_tree, save_tree
 
 CKPT_PREFIX = 'ckpt-'
@@ -136,6 +136,15 @@ def file_sizes(logdir: str) -> Dict[str, int]:
     path = os.path.join(logdir, name)
     out[key] = os.path.getsize(path) if os.path.exists(path) else 0
   return out
+
+
+def tail_lines(path: str, nbytes: int = 65536) -> List[str]:
+  """The lines of the last ``nbytes`` of a (log) file; [] without one."""
+  if not os.path.exists(path):
+    return []
+  with open(path, 'rb') as f:
+    f.seek(max(0, os.path.getsize(path) - nbytes))
+    return f.read().decode(errors='replace').splitlines()
 
 
 def cut_file(path: str, size: int) -> int:
@@ -323,13 +332,15 @@ def check_finite_state(learner_state, final: str, logdir: str) -> None:
 
 def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
                      learner_state, config, spaces, run: RunConfig, mode: str,
-                     run_state: Mapping[str, Any], adder=None, schedule=None,
-                     latent_store=None) -> str:
+                     run_state: Mapping[str, Any],
+                     adder_state: Optional[Mapping[str, Any]] = None,
+                     schedule=None, latent_store=None) -> str:
   """Writes ``ckpt-<agent_steps>`` atomically (module doc); returns its path.
 
   ``reverb_path`` is the Reverb checkpoint just written (``client.checkpoint()``
-  after the adders were flushed); ``adder`` is anything with ``get_state()``
-  (the adder counters = step ids), saved with the schedule and the latent
+  after the adders were flushed); ``adder_state`` is the adder counters (step
+  ids: one adder's ``get_state()``, or the merged counters of a program's
+  actors), saved with the one-process schedule (if any) and the latent
   store by ``reverb_tables.checkpoint.save_replay_state``. ``run_state`` is
   ``make_run_state``'s; it gets 'files' (log sizes) and 'time' added.
   A write that fails (a full or failing disk) removes the unfinished save and
@@ -346,7 +357,7 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
   tmp = os.path.join(root, f'{TMP_PREFIX}{os.getpid()}-{time.time_ns()}')
   try:
     _write_checkpoint_files(tmp, final, logdir, reverb_path, learner_state,
-                            config, spaces, run, mode, run_state, adder,
+                            config, spaces, run, mode, run_state, adder_state,
                             schedule, latent_store)
   except OSError as e:                 # ENOSPC, EIO, EROFS, ...
     shutil.rmtree(tmp, ignore_errors=True)
@@ -362,13 +373,13 @@ def write_checkpoint(logdir: str, agent_steps: int, *, reverb_path: str,
 
 
 def _write_checkpoint_files(tmp, final, logdir, reverb_path, learner_state,
-                            config, spaces, run, mode, run_state, adder,
+                            config, spaces, run, mode, run_state, adder_state,
                             schedule, latent_store) -> None:
   """``write_checkpoint``'s files into ``tmp``, then the rename to ``final``."""
   from reverb_tables import checkpoint as rckpt
   os.makedirs(tmp)
-  rckpt.save_replay_state(tmp, reverb_path, adder=adder, schedule=schedule,
-                          latent_store=latent_store)
+  rckpt.save_replay_state(tmp, reverb_path, adder_state=adder_state,
+                          schedule=schedule, latent_store=latent_store)
   atomic_write(os.path.join(tmp, LEARNER_FILE),
                lambda f: save_tree(f, learner_state))
   atomic_write(os.path.join(tmp, CONFIG_FILE), json.dumps({
@@ -510,12 +521,9 @@ def check_resume_compatible(ckpt: str, run: RunConfig, config) -> None:
 def validate(run: RunConfig, config, mode: str) -> Optional[str]:
   """Checks the logdir and the checkpoint to resume; writes nothing.
 
-  Returns that checkpoint's path (None for a new run). The env is built
-  once and closed first, so an env the agent cannot take (image or
-  non-numeric observations, unsupported action spec,
-  ``experiments.envs.protocol``) fails before the logdir is even created."""
+  Returns that checkpoint's path (None for a new run). (The env was checked
+  when the experiment was made, ``experiments.run.experiment``.)"""
   assert mode in MODES, mode
-  run.make_env(1, segment_seed(0, 0)).close()
   check_logdir_writable(run.logdir)
   latest = latest_run_checkpoint(run.logdir)
   if latest is not None:

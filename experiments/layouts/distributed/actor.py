@@ -1,7 +1,9 @@
-"""The actor nodes of the Launchpad program.
+"""The actor nodes of the Launchpad program: acting.
 
 Each runs an ``acme.EnvironmentLoop`` (``experiments.run.env_loop``) with an
-actor from ``builder.make_actor`` over its slice of the env workers.
+actor from ``builder.make_actor`` over its slice of the env workers;
+``program.make_actor_node`` builds those pieces (env, adder with the step-id
+state of a resume or an in-place restart, actor) and hands them over.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ from typing import Any, Dict, List, Optional
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from agent.learner import StopRequested
-from experiments.layouts.distributed.node_utils import (
-    SyncedCounter, call_until, exit_now, in_launchpad, lp_hooks, record_error,
-    wait_for_replay)
-from experiments.layouts.distributed.spec import ProgramSpec, node_restart
+from experiments.layouts import stopping
+from experiments.layouts.distributed.rpc import call_until
 from experiments.run import env_loop, rundir
-from experiments.run.config import log, segment_seed
+from experiments.run.config import log
+
 
 class ActorNode:
   """One actor process: ``acme.EnvironmentLoop`` + ``DreamerActor``.
@@ -29,80 +30,43 @@ class ActorNode:
   Launchpad's stop signal, serve RPCs and exit. Courier methods:
   ``get_state()`` (adder counters, for checkpoints), ``get_stats()``
   (cumulative timings, parameter-lag probes, scores) and ``pause()`` (stop
-  acting, flush the adder and the counts; the step limiter's final step).
+  acting, flush the adder and the counts; the step limiter's step 1,
+  ``experiments.layouts.stopping``).
+
+  Args: the settings, this actor's id and first env worker, its env, adder
+  and actor, its (synced child) counter, and the learner's handle (the
+  parameter-lag probes).
   """
 
-  def __init__(self, spec: ProgramSpec, actor_id: int, replay, learner,
-               counter):
-    import jax
-
-    from agent.builder import seed_keys
-
-    self._spec, run, c = spec, spec.run, spec.config
-    self._id = int(actor_id)
-    self._stop_event, self._stopper = lp_hooks()
+  def __init__(self, settings, actor_id: int, offset: int, env, adder, actor,
+               counter, learner):
+    self._settings = settings
+    self._id, self._offset, self._n = int(actor_id), int(offset), env.num_envs
+    self._name = f'actor/{self._id}'
+    self._stop = stopping.NodeStop()
     self._halt, self._pause = threading.Event(), threading.Event()
     self._paused = threading.Event()
     self._error: Optional[BaseException] = None
-    self._learner = learner
-    # k > 0: restarted in place by the supervisor after the node died (issue
-    # 22): new env seeds, a new policy stream and step ids past any the
-    # dead process can have used.
-    self._restart = node_restart()
-    self._n = spec.envs_per_actor
-    self._offset, self._name = self._id * self._n, f'actor/{self._id}'
-    seed = segment_seed(c.seed, spec.segment, restart=self._restart)
-    self.env = run.make_env(self._n, seed, self._offset)
-    builder = spec.builder(device_prefetch=False)
-    wait_for_replay(replay, self._stop_event.is_set)
-    self.adder = builder.make_adder(replay, num_workers=self._n,
-                                    worker_offset=self._offset)
-    if spec.resume:      # step ids continue; item counts per actor
-      saved = rundir.read_json(os.path.join(spec.resume,
-                                            rundir.REPLAY_STATE_FILE))['adder']
-      mine = next(a for a in spec.run_state['actors']
-                  if a['offset'] == self._offset)
-      self.adder.set_state({
-          'lengths': saved['lengths'][self._offset:self._offset + self._n],
-          'num_items': mine['num_items'],
-          'num_online_items': mine['num_online_items']})
-    if self._restart:
-      state = self.adder.get_state()
-      jump = self._restart * spec.restart_index_jump
-      self.adder.set_state({**state, 'lengths': [
-          x + jump for x in state['lengths']]})
-      log(f'[{self._name}] restart {self._restart} in place: env seeds of '
-          f'restart {self._restart}, step ids from +{jump}')
-    # Policy stream of (seed, actor, segment, restart): resumed segments and
-    # restarted nodes never repeat it (a remote actor's: join/remote.py).
-    key = jax.random.fold_in(jax.random.fold_in(
-        seed_keys(c.seed)['actor'], self._id), spec.segment)
-    if self._restart:
-      key = jax.random.fold_in(key, self._restart)
-    self.actor = builder.make_actor(
-        key, builder.make_policy(builder.make_networks()), self.adder, learner,
-        num_envs=self._n, update_period=spec.dist.update_period,
-        versioned=True)
-    self._client = self.actor.variable_client
-    self._counter = SyncedCounter(counter, time_delta=spec.dist.counter_sync_s)
+    self.env, self.adder, self.actor = env, adder, actor
+    self._learner, self._counter = learner, counter
+    self._client = actor.variable_client
     self._recent_scores: List[float] = []
-
     observer = env_loop.EpisodeObserver(
         self._n, on_episode=self._on_episode,
         env_step=lambda: int(self._counter.get_counts().get('env_steps', 0)))
     self.loop = env_loop.VectorEnvironmentLoop(
-        self.env, self.actor, self._counter, observers=[observer],
+        env, actor, counter, observers=[observer],
         should_stop=self._should_stop_acting,
-        runtime_terminator=in_launchpad())
+        runtime_terminator=stopping.in_launchpad())
     self._pid, self._t0 = os.getpid(), time.perf_counter()
     self._steps = 0
     self._lag = {'sum': 0.0, 'count': 0, 'max': None}
 
   def _on_episode(self, ep) -> None:
     """A finished training episode: scores.jsonl, recent scores."""
-    run = self._spec.run
+    run = self._settings.run
     rundir.append_score(run.logdir, run.task, ep.env_step, ep.score,
-                        self._spec.config.seed)
+                        self._settings.config.seed)
     self._recent_scores = (self._recent_scores + [ep.score])[-5:]
 
   # -- courier methods --------------------------------------------------------------
@@ -132,25 +96,27 @@ class ActorNode:
   def run(self) -> None:
     thread = threading.Thread(target=self._act, name='acting', daemon=True)
     thread.start()
-    while thread.is_alive() and not self._stop_event.wait(0.2):
+    program_stop = self._stop.program
+    while thread.is_alive() and not program_stop.wait(0.2):
       pass
-    failed = self._error is not None and not self._stop_event.is_set()
+    failed = self._error is not None and not program_stop.is_set()
+    settings = self._settings
     if failed:
-      record_error(self._spec, self._name)
-      if self._spec.dist.restarts_in_place:
+      stopping.record_error(settings.launch_dir, self._name)
+      if settings.dist.restarts_in_place:
         # Nothing of an actor needs saving: exit now and let the supervisor
         # restart this node (or stop the program once its restarts are used).
-        exit_now(1)
-      self._stopper()
+        stopping.exit_now(1)
+      self._stop.stop_program()
     # Serve get_state() until the learner's final checkpoint is written.
-    self._spec.wait_for_learner()
+    stopping.wait_for_learner(settings.launch_dir, settings.dist.stop_grace_s)
     self._halt.set()
     thread.join(5.0)
     if thread.is_alive():
       # Blocked in a Reverb insert that the stopped learner will never
       # unblock: nothing is left to save, so leave without waiting for it.
       log(f'[{self._name}] acting thread blocked in Reverb; exiting')
-      exit_now(1 if failed else 0)
+      stopping.exit_now(1 if failed else 0)
     self.env.close()
     if failed:
       raise RuntimeError(f'{self._name} failed: {self._error!r}')
@@ -175,16 +141,16 @@ class ActorNode:
       pass
     except BaseException as e:  # noqa: BLE001  (reported by run())
       self._error = e
-      if not self._stop_event.is_set():
+      if not self._stop.program.is_set():
         log(f'[{self._name}] acting failed:\n{traceback.format_exc()}')
 
   def _stopping(self) -> bool:
-    return self._stop_event.is_set() or self._halt.is_set()
+    return self._stop.program.is_set() or self._halt.is_set()
 
   def _should_stop_acting(self) -> bool:
     """Polled by the loop between vector steps: stop/pause, lag probes."""
     self._steps += 1
-    if self._steps % self._spec.dist.lag_probe_every == 0:
+    if self._steps % self._settings.dist.lag_probe_every == 0:
       try:
         lag = int(self._learner.get_num_updates()) - self._client.version
         self._lag['sum'] += lag

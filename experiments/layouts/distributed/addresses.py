@@ -1,12 +1,23 @@
-"""Which address other hosts reach this machine at (``--bind``).
-
-Used by the learner (``join.json``, the address remote actors join) and by
-the learner processes' gloo collectives (``DistributedConfig.gloo_host``).
+"""Addresses: the one parser of 'HOST:PORT', and which address other hosts
+reach this machine at (``--bind``: ``join.json``, ``learner_peers.json``,
+the learner processes' gloo collectives, ``DistributedConfig.gloo_host``).
 """
 
 from __future__ import annotations
 
 import socket
+from typing import Tuple
+
+
+def parse_address(address: str, flag: str = '--join') -> Tuple[str, int]:
+  """'HOST:PORT' (or '[v6]:PORT') -> (host, port); ValueError naming the
+  flag otherwise (the one home of this rule: flags, the join service and
+  its clients, Launchpad's resolved addresses)."""
+  host, sep, port = str(address).rpartition(':')
+  host = host[1:-1] if host.startswith('[') and host.endswith(']') else host
+  if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
+    raise ValueError(f'{flag} must be HOST:PORT, got {address!r}')
+  return host, int(port)
 
 
 def advertised_host(bind: str) -> str:

@@ -5,10 +5,11 @@ r"""Launching the Launchpad program (``local_mp``): validate, run, summarise.
 
 Every run flag means the same as in one process, except that ``--num_envs``
 is the total number of training envs, split evenly over ``--num_actors``
-actor processes (so the paper's 16 envs stay 16 envs). ``launch(run, config,
+actor processes (so the paper's 16 envs stay 16 envs). ``prepare(experiment,
 dist)`` validates the logdir and the checkpoint to resume (nothing is
-written before), builds ``program.build_program(spec)`` and runs it; each
-node's output goes to ``<logdir>/lp_logs/segment-<n>/<group>/<index>``
+written before) and returns this launch's ``ProgramSettings``; ``run`` builds
+``program.build_program(settings)`` and runs it; each node's output goes to
+``<logdir>/lp_logs/segment-<n>/<group>/<index>``
 (``--lp_terminal=output_to_files``, the default) or to this terminal.
 
 Re-running with the same ``--logdir`` resumes from the last checkpoint.
@@ -34,25 +35,22 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from experiments.layouts.distributed import learner_peer, lp_init
-from experiments.layouts.distributed.node_utils import touch
-from experiments.layouts.distributed.secret import ensure_secret, secret_path
+from experiments.layouts import stopping
+from experiments.layouts.distributed import lp_init, remote_peers
+from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.program import build_program, local_resources
-from experiments.layouts.distributed.spec import (
-    ERRORS_DIR, MODE, RESTARTABLE_GROUPS, SUMMARY_FILE, DistributedConfig,
-    ProgramSpec)
+from experiments.layouts.distributed.secret import ensure_secret, secret_path
+from experiments.layouts.distributed.settings import (
+    MODE, DistributedConfig, ProgramSettings, check_layout)
+from experiments.layouts.distributed.supervisor import RESTARTABLE_GROUPS
 from experiments.run import health, metrics, rundir
 from experiments.run import restarts as restart_log
-from experiments.run.config import RunConfig, log, segment_seed
+from experiments.run.config import log
+from experiments.run.experiment import DreamerExperiment
 
 
 def _last_train_row(path: str) -> Optional[Dict[str, Any]]:
-  if not os.path.exists(path):
-    return None
-  with open(path, 'rb') as f:
-    f.seek(max(0, os.path.getsize(path) - 65536))
-    lines = f.read().decode(errors='replace').splitlines()
-  for line in reversed(lines):
+  for line in reversed(rundir.tail_lines(path)):
     try:
       row = json.loads(line)
     except ValueError:
@@ -82,13 +80,13 @@ def launcher_progress_line(row: Optional[Dict[str, Any]], target: int,
                               [] if score is None else [score], extra)
 
 
-def prepare(run: RunConfig, config, dist: DistributedConfig):
-  """Checks the logdir and the checkpoint to resume; returns a ProgramSpec,
-  or a summary dict when the budget was already reached."""
-  if dist.join_slots and run.suite == 'custom':
-    raise ValueError('--join_slots: remote actors build their envs from the '
-                     'program\'s --suite and --task; an env factory of '
-                     'train() cannot be sent to them (it is code)')
+def prepare(experiment: DreamerExperiment, dist: DistributedConfig):
+  """Checks the program's layout, the logdir and the checkpoint to resume;
+  returns this launch's ``ProgramSettings``, or a summary dict when the
+  budget was already reached. ValueError (before anything is written) for
+  bad settings."""
+  run, config = experiment.run, experiment.config
+  check_layout(experiment, dist)
   latest = rundir.validate(run, config, MODE)
   state = rundir.load_resume_state(run, latest)
   if state:
@@ -102,33 +100,25 @@ def prepare(run: RunConfig, config, dist: DistributedConfig):
   if dist.join_slots or dist.remote_learner_processes:
     # The run secret (secret.py), before any node or other host needs it.
     ensure_secret(secret_path(run.logdir, dist.join_secret_file))
-  if state and state['counts'].get('env_steps', 0) >= run.env_steps:
+  if state and stopping.budget_reached(state['counts'].get('env_steps', 0),
+                                       run.env_steps):
     return {'checkpoint': latest, 'env_steps': state['counts']['env_steps'],
-            'updates': state['learner']['updates'], 'already_done': True}
-  env = run.make_env(1, segment_seed(0, 0))
-  spaces = env.spaces
-  env.close()
+            'updates': state['learner']['updates'], 'already_done': True,
+            'logdir': run.logdir}
   segment = state['segment'] + 1 if state else 0
   coordinator = dist.coordinator_address
   if dist.learner_processes > 1 and not coordinator:
     import portpicker   # Launchpad's own port picker
     coordinator = f'127.0.0.1:{portpicker.pick_unused_port()}'
-  spec = ProgramSpec(run=run, config=config, dist=dist, spaces=spaces,
-                     launch_dir=tempfile.mkdtemp(prefix='dreamer-lp-'),
-                     segment=segment, resume=latest, run_state=state,
-                     coordinator_address=coordinator)
+  settings = ProgramSettings(
+      experiment=experiment, dist=dist,
+      launch_dir=tempfile.mkdtemp(prefix='dreamer-lp-'), segment=segment,
+      resume=latest, run_state=state, coordinator_address=coordinator)
   if latest:
     log(f'[run] resuming from {latest} (segment {segment}, '
         f'{state["counts"].get("env_steps", 0)} env steps, '
         f'{state["learner"]["updates"]} updates)')
-  return spec
-
-
-def launch(run: RunConfig, config, dist: DistributedConfig) -> Dict[str, Any]:
-  """Runs the program to the step budget (or a stop signal); returns a
-  summary. ValueError (before anything is written) for bad settings;
-  RuntimeError when a node failed."""
-  return run_prepared(run, prepare(run, config, dist))
+  return settings
 
 
 # Node errors that a program restart cannot cure: the run stops at once.
@@ -145,21 +135,23 @@ class NodeFailed(RuntimeError):
     self.exit, self.final = exit_, final
 
 
-def run_prepared(run: RunConfig, spec_or_done) -> Dict[str, Any]:
-  """Runs what ``prepare`` returned (a summary when already done). When a
-  node that is not restarted in place dies, starts the program again from
-  the last complete checkpoint, up to ``--max_restarts`` times (issue 22)."""
+def run(prepared) -> Dict[str, Any]:
+  """Runs what ``prepare`` returned (a summary when already done) to the
+  step budget or a stop signal; returns a summary. When a node that is not
+  restarted in place dies, starts the program again from the last complete
+  checkpoint, up to ``--max_restarts`` times (issue 22); RuntimeError past
+  that, naming the node."""
   restarts = 0
   while True:
-    if isinstance(spec_or_done, dict):
-      log(f'[run] {run.logdir} already reached {spec_or_done["env_steps"]} '
-          'env steps; nothing to train')
-      return spec_or_done
-    spec = spec_or_done
+    if isinstance(prepared, dict):
+      log(f'[run] {prepared["logdir"]} already reached '
+          f'{prepared["env_steps"]} env steps; nothing to train')
+      return prepared
+    settings = prepared
+    run, dist = settings.run, settings.dist
     try:
-      return _launch(spec)
+      return _launch(settings)
     except NodeFailed as failure:
-      dist = spec.dist
       in_place = (failure.exit is not None and
                   failure.exit.group in RESTARTABLE_GROUPS)
       if in_place or failure.final or restarts >= dist.max_restarts:
@@ -183,11 +175,11 @@ def run_prepared(run: RunConfig, spec_or_done) -> Dict[str, Any]:
           f'({node}); resuming from {ckpt or "the start"} '
           f'(run/restarts {count})')
     finally:
-      shutil.rmtree(spec.launch_dir, ignore_errors=True)
-    spec_or_done = prepare(run, spec.config, spec.dist)
+      shutil.rmtree(settings.launch_dir, ignore_errors=True)
+    prepared = prepare(settings.experiment, dist)
 
 
-def _launch(spec) -> Dict[str, Any]:
+def _launch(settings: ProgramSettings) -> Dict[str, Any]:
   import launchpad as lp
   import psutil
   from absl import flags
@@ -195,7 +187,7 @@ def _launch(spec) -> Dict[str, Any]:
 
   from experiments.layouts.distributed import supervisor
 
-  run, dist = spec.run, spec.dist
+  run, dist = settings.run, settings.dist
   # Launchpad reads the launcher's termination notice from its global flag
   # and the node-log folder from a module global it sets at import time (from
   # LAUNCHPAD_LOGGING_DIR), so a per-segment folder can only be set here.
@@ -203,24 +195,24 @@ def _launch(spec) -> Dict[str, Any]:
   if not fv.is_parsed():
     fv.mark_as_parsed()
   fv.lp_termination_notice_secs = dist.termination_notice_s
-  log_dir = os.path.join(run.logdir, 'lp_logs', f'segment-{spec.segment}')
+  log_dir = os.path.join(run.logdir, 'lp_logs', f'segment-{settings.segment}')
   attempt = 1
   while os.path.exists(log_dir):   # a program restart before a checkpoint
     attempt += 1
     log_dir = os.path.join(run.logdir, 'lp_logs',
-                           f'segment-{spec.segment}-attempt-{attempt}')
+                           f'segment-{settings.segment}-attempt-{attempt}')
   launch_local_output_to_files._LOGGING_DIR = log_dir  # noqa: SLF001
-  program = build_program(spec)
-  init_file = lp_init.write_init_file(spec.launch_dir)
-  resources = local_resources(spec, init_file, list(program.groups))
-  log(f'[run] {run.task} size={spec.config.size} actors={dist.num_actors} x '
-       f'{spec.envs_per_actor} envs, train_ratio={spec.config.train_ratio:g}, '
+  program = build_program(settings)
+  init_file = lp_init.write_init_file(settings.launch_dir)
+  resources = local_resources(settings, init_file, list(program.groups))
+  log(f'[run] {run.task} size={settings.config.size} actors={dist.num_actors} x '
+       f'{settings.envs_per_actor} envs, train_ratio={settings.config.train_ratio:g}, '
        f'target {run.env_steps} env steps, logdir={run.logdir}'
        + (f', node logs in {log_dir}' if dist.terminal == 'output_to_files'
           else ''))
   t0 = time.time()
 
-  errors_dir = os.path.join(spec.launch_dir, ERRORS_DIR)
+  errors_dir = os.path.join(settings.launch_dir, stopping.ERRORS_DIR)
 
   def on_restart(exit_, k):
     # A node restarted in place is not a failure of the run: set its error
@@ -229,16 +221,16 @@ def _launch(spec) -> Dict[str, Any]:
       for name in os.listdir(errors_dir):
         if name.startswith(exit_.group):
           os.replace(os.path.join(errors_dir, name),
-                     os.path.join(spec.launch_dir, f'restarted-{name}-{k}'))
+                     os.path.join(settings.launch_dir, f'restarted-{name}-{k}'))
     count = restart_log.append_restart(run.logdir, exit_.record(
-        kind='in_place', restart=k, segment=spec.segment))
+        kind='in_place', restart=k, segment=settings.segment))
     log(f'[run] {exit_.describe()}: restart {k}/{dist.max_restarts} in place '
         f'(run/restarts {count})')
 
   def on_fatal(exit_):
     log(f'[run] {exit_.describe()}: stopping the program')
     if exit_.group == 'learner':   # nobody else waits for its checkpoint
-      touch(spec.learner_done_path)
+      stopping.mark_learner_done(settings.launch_dir)
 
   manager_box = {}
 
@@ -255,8 +247,8 @@ def _launch(spec) -> Dict[str, Any]:
   # can now be told this launch's Reverb port.
   peers_file = None
   if dist.remote_learner_processes:
-    peers_file = learner_peer.publish(spec, int(
-        program.groups['replay'][0].reverb_address.resolve().rpartition(':')[2]),
+    peers_file = remote_peers.publish(settings, parse_address(
+        program.groups['replay'][0].reverb_address.resolve())[1],
         ensure_secret(secret_path(run.logdir, dist.join_secret_file)))
   # Launchpad's last resort after the termination notice kills the launcher
   # too; keep it alive so it can report and clean up (workers still die).
@@ -289,7 +281,7 @@ def _launch(spec) -> Dict[str, Any]:
     for name in sorted(os.listdir(errors_dir)):
       with open(os.path.join(errors_dir, name)) as f:
         errors[name] = f.read()
-  summary_path = os.path.join(spec.launch_dir, SUMMARY_FILE)
+  summary_path = os.path.join(settings.launch_dir, stopping.SUMMARY_FILE)
   summary = (rundir.read_json(summary_path) if os.path.exists(summary_path)
              else None)
   supervised = manager_box.get('m')

@@ -1,6 +1,10 @@
 r"""DreamerV3 as a Launchpad program (``local_mp``), in Acme's distributed layout.
 
-``build_program(spec)`` follows ``acme.jax.layouts.distributed_layout``:
+``build_program(settings)`` follows acme's ``make_distributed_experiment``
+(``acme.jax.layouts.distributed_layout`` in acme 0.4.0): the node
+constructors below sit beside the wiring, build every piece from the
+experiment's builder inside the node's process, and hand the pieces to the
+node classes, which hold behaviour only:
 
   replay     ``lp.ReverbNode`` with the builder's tables ('ratio': the uniform
              table's SampleToInsertRatio couples actors and learner, spec 6.1
@@ -30,71 +34,70 @@ checkpoint with every actor's adder counters (step ids); a step budget that
 ends with a final checkpoint and evaluation rather than a bare ``lp.stop()``;
 resume (``experiments.run.rundir``, the same run directory as one process).
 
-Files: spec.py (what every node is given), node_utils.py, learner.py,
-learner_peer.py, actor.py and evaluator.py (the worker nodes), this file (replay, counter and
-limiter nodes, the program), launch.py (validate, launch, restart, report),
-supervisor.py (restarts of dead nodes, issue 22), lp_init.py (per-process
-set-up), join/ (remote actors that join a running program: the service,
-the remote actor, their wire format and book of claims), secret.py (the run
-secret), addresses.py (the address other hosts reach, ``--bind``).
+Files: the package index (``__init__.py``).
 
 Worker ids: all actors write into one global layout of ``num_envs`` env
 workers; actor k's adder has ``worker_offset = k * n`` (n envs per actor), so
 step ids (worker, index) stay unique across actors and the learner's single
 ``LatentStore`` keeps one ring per global worker.
 
-Stopping: the step budget ends in ``StepLimiter`` -> ``actor.pause()`` (all)
--> ``learner.finish()`` (final checkpoint) -> ``evaluator.evaluate_final()``
--> ``lp.stop()``. A Ctrl-C or SIGTERM of the launcher makes Launchpad send
-SIGTERM to every node; the learner then writes a final checkpoint while the
-replay server, counter, actors and evaluator wait for it (a marker file, at
-most ``stop_grace_s``), and Launchpad's termination notice (``stop_grace_s``
-+ 30 s) kills whatever is left. Every node process also gets SIGTERM if the
-launcher dies (``lp_init.py``).
+Stopping: ``experiments.layouts.stopping`` (who decides, who is told, in
+what order). Every node process also gets SIGTERM if the launcher dies
+(``lp_init.py``).
 
-Checkpoints (``experiments.run.rundir``): the learner checkpoints the Reverb
-server first and then reads every actor's adder counters, so the saved
-step-id counters are never behind an item in the Reverb checkpoint
-(``run_state.json`` has ``"mode": "distributed"``). See docs/deviations.md
-"Distributed runs".
+Checkpoints: ``checkpoints.py`` (the learner coordinates them; the run
+directory is the one-process run's, ``experiments.run.rundir``). See
+docs/deviations.md "Distributed runs".
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
-import time
 from typing import Any, Dict, Optional, Sequence
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from acme.utils import counting
+from experiments.layouts import stopping
 from experiments.layouts.distributed import lp_init
 from experiments.layouts.distributed.actor import ActorNode
+from experiments.layouts.distributed.checkpoints import CheckpointCoordinator
 from experiments.layouts.distributed.evaluator import EvaluatorNode
-from experiments.layouts.distributed.join.service import JoinService
+from experiments.layouts.distributed.join.service import (
+    CLAIMS_FILE, JoinService)
+from experiments.layouts.distributed.join.slots import JoinSlots
 from experiments.layouts.distributed.learner import LearnerNode
-from experiments.layouts.distributed.learner_peer import LearnerPeerNode
-from experiments.layouts.distributed.node_utils import (
-    call_until, lp_hooks, run_guarded)
-from experiments.layouts.distributed.spec import (
-    NODE_GROUP_ENV, SUMMARY_FILE, ProgramSpec)
-from experiments.run import rundir
-from experiments.run.config import log
+from experiments.layouts.distributed.learner_peer import (
+    LearnerPeerNode, PeerStop)
+from experiments.layouts.distributed.rows import Progress, TrainRows
+from experiments.layouts.distributed.rpc import (
+    SyncedCounter, call_until, wait_for_replay)
+from experiments.layouts.distributed.secret import ensure_secret, secret_path
+from experiments.layouts.distributed.settings import ProgramSettings
+from experiments.layouts.distributed.supervisor import node_restart
+from experiments.layouts.distributed.variables import VariableSource
+from experiments.run import health, metrics, rundir
+from experiments.run.config import log, next_multiple, segment_seed
 
-# --- replay and counter nodes -------------------------------------------------------
+# The program's node groups.
+GROUPS = ('replay', 'counter', 'limiter', 'learner', 'actor', 'evaluator',
+          'join')
+# Each node process's group ('replay', 'learner', 'actor', ...).
+NODE_GROUP_ENV = 'DREAMER_NODE_GROUP'
 
 
-def replay_node_tables(spec: ProgramSpec):
-  """The builder's tables with the 'ratio' rate limiter (spec 6.1 parallel).
+# --- node constructors (each runs in its node's process) ---------------------------
 
-  Runs in the replay process; it also registers a Launchpad stop handler that
-  keeps the server up after a stop signal until the learner has written its
-  final checkpoint (at most ``stop_grace_s``)."""
-  tables = spec.builder().make_replay_tables()
+
+def make_replay_tables(settings: ProgramSettings):
+  """The builder's tables (the 'ratio' limiter: spec 6.1 parallel). The
+  replay server stays up after a stop signal until the learner's final
+  checkpoint (``stopping.wait_for_learner``)."""
+  tables = settings.builder.make_replay_tables()
   try:
     import launchpad as lp
-    lp.register_stop_handler(lambda *_: spec.wait_for_learner())
+    lp.register_stop_handler(lambda *_: stopping.wait_for_learner(
+        settings.launch_dir, settings.dist.stop_grace_s))
   except Exception:  # noqa: BLE001  (outside a Launchpad process)
     pass
   return tables
@@ -111,112 +114,247 @@ class CounterNode(counting.Counter):
   """The root Counter (restored on resume); ``run()`` serves until the program
   stops and then until the learner's final checkpoint (which reads it)."""
 
-  def __init__(self, spec: ProgramSpec, state: Optional[Dict[str, Any]] = None):
+  def __init__(self, settings: ProgramSettings):
     super().__init__()
-    self._spec = spec
+    self._settings = settings
+    state = (settings.run_state or {}).get('counter')
     if state:
       self.restore(state)
 
   def run(self) -> None:
-    lp_hooks()[0].wait()
-    self._spec.wait_for_learner()
+    stopping.lp_hooks()[0].wait()
+    stopping.wait_for_learner(self._settings.launch_dir,
+                              self._settings.dist.stop_grace_s)
 
 
-# --- step limiter -----------------------------------------------------------------------
+def make_learner_node(settings: ProgramSettings, replay, counter, actors,
+                      evaluator, join) -> LearnerNode:
+  """Process 0 of the learner: the builder's learner over its dataset,
+  restored on resume, and the node's jobs around it (``learner.py``)."""
+  from agent import parallel
+  from agent.builder import seed_keys
+  from reverb_tables import checkpoint as rckpt
+  from reverb_tables import tables as tables_lib
+
+  # Before anything touches jax's devices: join the other learner processes.
+  parallel.initialize_processes(settings.coordinator_address,
+                                settings.dist.learner_processes, 0,
+                                gloo_host=settings.dist.gloo_host)
+  run, builder = settings.run, settings.builder
+  stop = stopping.NodeStop()
+  info = wait_for_replay(replay, stop.requested)
+  tables_lib.check_signatures(info, builder.make_replay_tables(),
+                              rundir.reverb_dir(run.logdir))
+  late: Dict[str, TrainRows] = {}       # the rows, once they exist
+  dataset = builder.make_dataset_iterator(
+      replay, should_stop=stop.requested, on_wait=lambda: late['rows'].poll())
+  synced = SyncedCounter(counter, time_delta=settings.dist.counter_sync_s)
+  learner = builder.make_learner(
+      seed_keys(settings.config.seed)['learner'], builder.make_networks(),
+      dataset, replay, synced,
+      logger_fn=lambda: metrics.LearnerRows(lambda: late['rows'].logger(),
+                                            lambda: late['rows'].env_steps),
+      log_every=run.learner_log_every, should_stop=stop.requested)
+  progress = Progress(learner)
+  if settings.resume:
+    rckpt.load_replay_state(settings.resume, None,
+                            latent_store=dataset.latent_store)
+    learner.restore(rundir.load_learner_state(settings.resume, learner.state))
+    s = settings.run_state['learner']
+    progress.base_updates, progress.wall0 = int(s['updates']), float(
+        s['wall_time'])
+    dataset.sampler.num_online_rows = int(s['online_rows'])
+    dataset.sampler.num_uniform_rows = int(s['uniform_rows'])
+    log(f'[learner] resumed from {settings.resume}: {progress.updates} '
+        f'updates, {len(dataset.latent_store)} stored latents')
+  rows = late['rows'] = TrainRows(settings, progress, learner, dataset, replay,
+                                  synced, actors, join)
+  # Persistent skipped updates stop the run (issue 22, spec 4.9).
+  rows.health = health.SkipGuard(run.max_skipped_updates, run.logdir,
+                                 on_stop=rows.write)
+  checkpoints = CheckpointCoordinator(settings, progress, learner, dataset,
+                                      replay, synced, counter, actors,
+                                      evaluator, join, rows)
+  return LearnerNode(settings, stop, learner, dataset, progress,
+                     VariableSource(learner, lambda: progress.updates), rows,
+                     checkpoints, rows.health, join)
 
 
-class StepLimiter:
-  """Stops the program at ``--env_steps``: ``acme.utils.lp_utils.StepsLimiter``
-  polls the counter and calls ``lp.stop()``; this one first pauses the actors
-  (their last items flushed), asks the learner for its final checkpoint, the
-  evaluator for the final evaluation, and writes ``summary.json``."""
+def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
+                           gloo_host: Optional[str] = None) -> LearnerPeerNode:
+  """Learner process ``process_id`` >= 1 (``learner_peer.py``), here or on
+  another host (``remote_peers.py``)."""
+  from agent import parallel
+  from agent.builder import seed_keys
+  from reverb_tables import checkpoint as rckpt
 
-  def __init__(self, spec: ProgramSpec, counter, learner, actors=(),
-               evaluator=None):
-    self._spec, self._counter, self._learner = spec, counter, learner
-    self._actors, self._evaluator = list(actors), evaluator
-    self._stop_event, self._stopper = lp_hooks()
+  dist = settings.dist
+  parallel.initialize_processes(
+      settings.coordinator_address, dist.learner_processes, process_id,
+      gloo_host=dist.gloo_host if gloo_host is None else gloo_host)
+  builder, stop = settings.builder, PeerStop()
+  wait_for_replay(replay, stop.requested)
+  dataset = builder.make_dataset_iterator(replay, should_stop=stop.requested)
+  learner = stop.learner = builder.make_learner(
+      seed_keys(settings.config.seed)['learner'], builder.make_networks(),
+      dataset, should_stop=stop.requested)
+  if settings.resume:
+    rckpt.load_replay_state(settings.resume, None,
+                            latent_store=dataset.latent_store)
+    learner.restore(rundir.load_learner_state(settings.resume, learner.state))
+  return LearnerPeerNode(settings, process_id, learner, dataset, stop)
 
-  def run(self) -> None:
-    run_guarded(self._spec, 'limiter', self._run)
 
-  def _run(self) -> None:
-    spec, stop = self._spec, self._stop_event
-    budget = spec.run.env_steps
-    last_print = 0.0
-    while not stop.wait(spec.dist.poll_s):
-      counts = call_until(self._counter.get_counts, stop.is_set)
-      env_steps = int(counts.get('env_steps', 0))
-      if time.monotonic() - last_print >= spec.run.progress_every:
-        log(f'[limiter] {env_steps}/{budget} env steps, '
-                   f'{int(counts.get("learner_steps", 0))} learner steps')
-        last_print = time.monotonic()
-      if env_steps >= budget:
-        break
-    else:
-      return
-    log(f'[limiter] step budget {budget} reached: pausing the actors')
-    futures = [actor.futures.pause() for actor in self._actors]
-    paused = [call_until(f.result, stop.is_set) for f in futures]
-    log(f'[limiter] actors paused ({sum(map(bool, paused))}/'
-               f'{len(paused)}); final checkpoint')
-    summary = call_until(self._learner.finish, stop.is_set)
-    if self._evaluator is not None:
-      summary['eval'] = call_until(
-          functools.partial(self._evaluator.evaluate_final,
-                            summary['env_steps']), stop.is_set)
-    summary['stopped_by'] = 'step_limiter'
-    rundir.atomic_write(os.path.join(spec.launch_dir, SUMMARY_FILE),
-                        json.dumps(summary, default=rundir.jsonable))
-    log('[limiter] stopping the program')
-    self._stopper()
+def make_actor_node(settings: ProgramSettings, actor_id: int, replay,
+                    learner, counter) -> ActorNode:
+  """Actor ``actor_id`` over env workers [k n, (k + 1) n): its envs, its
+  adder (step ids continuing a resume, moved past the dead process's after
+  an in-place restart, issue 22) and the builder's actor."""
+  import jax
+
+  from agent.builder import seed_keys
+
+  run, c, builder = settings.run, settings.config, settings.builder
+  n = settings.envs_per_actor
+  offset, name = actor_id * n, f'actor/{actor_id}'
+  # k > 0: restarted in place by the supervisor after the node died: new env
+  # seeds, a new policy stream and step ids past any the dead one used.
+  restart = node_restart()
+  env = run.make_env(n, segment_seed(c.seed, settings.segment,
+                                     restart=restart), offset)
+  wait_for_replay(replay, stopping.lp_hooks()[0].is_set)
+  adder = builder.make_adder(replay, num_workers=n, worker_offset=offset)
+  if settings.resume:      # step ids continue; item counts per actor
+    saved = rundir.read_json(os.path.join(
+        settings.resume, rundir.REPLAY_STATE_FILE))['adder']
+    mine = next(a for a in settings.run_state['actors']
+                if a['offset'] == offset)
+    adder.set_state({'lengths': saved['lengths'][offset:offset + n],
+                     'num_items': mine['num_items'],
+                     'num_online_items': mine['num_online_items']})
+  if restart:
+    state = adder.get_state()
+    jump = restart * settings.restart_index_jump
+    adder.set_state({**state, 'lengths': [x + jump for x in state['lengths']]})
+    log(f'[{name}] restart {restart} in place: env seeds of restart '
+        f'{restart}, step ids from +{jump}')
+  # Policy stream of (seed, actor, segment, restart): resumed segments and
+  # restarted nodes never repeat it (a remote actor's: join/remote.py).
+  key = jax.random.fold_in(jax.random.fold_in(
+      seed_keys(c.seed)['actor'], actor_id), settings.segment)
+  if restart:
+    key = jax.random.fold_in(key, restart)
+  actor = builder.make_actor(
+      key, builder.make_policy(builder.make_networks()), adder, learner,
+      num_envs=n, update_period=settings.dist.update_period, versioned=True)
+  return ActorNode(settings, actor_id, offset, env, adder, actor,
+                   SyncedCounter(counter,
+                                 time_delta=settings.dist.counter_sync_s),
+                   learner)
+
+
+def make_evaluator_node(settings: ProgramSettings, learner,
+                        counter) -> EvaluatorNode:
+  """Spec 7.3 evaluation (``experiments.run.evaluator.Evaluator``) with the
+  resumed state; after an in-place restart, new eval env seeds and policy
+  stream, and the next evaluation at the grid point after the counter's env
+  steps now (the dead process may have done the ones since the
+  checkpoint)."""
+  import jax
+
+  from agent.builder import seed_keys
+  from experiments.run.evaluator import Evaluator
+
+  run = settings.run
+  restart = node_restart()
+  key = jax.random.fold_in(seed_keys(settings.config.seed)['eval'],
+                           settings.segment)
+  if restart:
+    key = jax.random.fold_in(key, restart)
+  box: Dict[str, Any] = {}
+  evaluator = Evaluator(run, settings.builder, settings.segment, learner, key,
+                        lambda: box['node'].logger(), restart=restart)
+  evaluator.set_state((settings.run_state or {}).get('evaluator') or {})
+  env_steps = int(settings.counts.get('env_steps', 0))
+  if restart:
+    env_steps = int(call_until(counter.get_counts, stopping.lp_hooks()[0]
+                               .is_set).get('env_steps', env_steps))
+  node = box['node'] = EvaluatorNode(
+      settings, evaluator, counter,
+      next_multiple(env_steps, run.eval_every) if run.eval_every else None)
+  return node
+
+
+def make_join_node(settings: ProgramSettings, replay, learner,
+                   counter) -> JoinService:
+  """The join service (``join/service.py``): its book of claims, restored
+  from the checkpoint and, after an in-place restart, from this launch's
+  claims file (claim numbers, hence step ids, never repeat)."""
+  from reverb_tables.packing import StepLayout
+
+  run, dist, builder = settings.run, settings.dist, settings.builder
+  secret = ensure_secret(secret_path(run.logdir, dist.join_secret_file))
+  wait_for_replay(replay, stopping.lp_hooks()[0].is_set)
+  book = JoinSlots(run.num_envs, dist.join_slots, settings.restart_index_jump,
+                   dist.join_lease_s, dist.join_max_envs or None)
+  book.restore((settings.run_state or {}).get('learner', {}).get('join'))
+  claims_file = os.path.join(settings.launch_dir, CLAIMS_FILE)
+  if node_restart() and os.path.exists(claims_file):
+    book.restore(rundir.read_json(claims_file))
+  return JoinService(
+      settings, book, functools.partial(builder.make_adder, replay),
+      StepLayout.from_step_spec(builder.step_spec),
+      SyncedCounter(counter, time_delta=dist.counter_sync_s), learner,
+      secret, claims_file)
 
 
 # --- the program ----------------------------------------------------------------------------
 
 
-def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
+def build_program(settings: ProgramSettings, name: str = 'dreamerv3'):
   """The ``lp.Program`` of the module doc (groups in ``GROUPS``)."""
   import launchpad as lp
 
-  dist = spec.dist
+  dist, run = settings.dist, settings.run
   program = lp.Program(name=name)
   with program.group('replay'):
     replay = program.add_node(lp.ReverbNode(
-        functools.partial(replay_node_tables, spec),
+        functools.partial(make_replay_tables, settings),
         checkpoint_ctor=functools.partial(make_reverb_checkpointer,
-                                          rundir.reverb_dir(spec.run.logdir))))
+                                          rundir.reverb_dir(run.logdir))))
   with program.group('counter'):
-    counter = program.add_node(lp.CourierNode(
-        CounterNode, spec, (spec.run_state or {}).get('counter')))
+    counter = program.add_node(lp.CourierNode(CounterNode, settings))
 
   def timed(handle, timeout=dist.rpc_timeout_s):
     handle.set_client_kwargs(call_timeout=timeout)
     return handle
 
-  learner_node = lp.CourierNode(LearnerNode)
+  learner_node = lp.CourierNode(make_learner_node)
   learner = timed(learner_node.create_handle())   # actors, evaluator, join
   learner_untimed = learner_node.create_handle()    # finish(): no timeout
   timed(counter)
-  actor_nodes = [lp.CourierNode(ActorNode, spec, k, replay, learner, counter)
-                 for k in range(dist.num_actors)]
+  actor_nodes = [lp.CourierNode(make_actor_node, settings, k, replay, learner,
+                                counter) for k in range(dist.num_actors)]
   actors = [timed(node.create_handle(), 30.0) for node in actor_nodes]
   actors_untimed = [node.create_handle() for node in actor_nodes]   # pause()
   evaluator_node = evaluator = evaluator_untimed = None
-  if spec.run.eval_episodes:
-    evaluator_node = lp.CourierNode(EvaluatorNode, spec, learner, counter)
+  if run.eval_episodes:
+    evaluator_node = lp.CourierNode(make_evaluator_node, settings, learner,
+                                    counter)
     evaluator = timed(evaluator_node.create_handle(), 30.0)
     evaluator_untimed = evaluator_node.create_handle()
   join_node = join = None
   if dist.join_slots:          # remote actors come in through the service
-    join_node = lp.CourierNode(JoinService, spec, replay, learner, counter)
+    join_node = lp.CourierNode(make_join_node, settings, replay, learner,
+                               counter)
     join = timed(join_node.create_handle())
-  learner_node.configure(spec, replay, counter, actors, evaluator, join)
+  learner_node.configure(settings, replay, counter, actors, evaluator, join)
   with program.group('learner'):
     program.add_node(learner_node)
     local = dist.learner_processes - dist.remote_learner_processes
     for k in range(1, local):      # multi-process learner, on this machine
-      program.add_node(lp.CourierNode(LearnerPeerNode, spec, k, replay))
+      program.add_node(lp.CourierNode(make_learner_peer_node, settings, k,
+                                      replay))
   with program.group('actor'):
     for node in actor_nodes:
       program.add_node(node)
@@ -227,13 +365,14 @@ def build_program(spec: ProgramSpec, name: str = 'dreamerv3'):
     with program.group('join'):
       program.add_node(join_node)
   with program.group('limiter'):
-    program.add_node(lp.CourierNode(StepLimiter, spec, counter,
+    program.add_node(lp.CourierNode(stopping.StepLimiter, settings, counter,
                                     learner_untimed, actors_untimed,
                                     evaluator_untimed))
   return program
 
 
-def local_resources(spec: ProgramSpec, init_file: str, groups: Sequence[str]):
+def local_resources(settings: ProgramSettings, init_file: str,
+                    groups: Sequence[str]):
   """``{group: lp.PythonProcess}``: init file, env vars, notice period.
 
   Only the learner may use an accelerator; every other node runs jax on CPU.
@@ -245,9 +384,9 @@ def local_resources(spec: ProgramSpec, init_file: str, groups: Sequence[str]):
     env = dict(base)
     if group != 'learner':
       env['JAX_PLATFORMS'] = 'cpu'
-    env[lp_init.NOTICE_ENV] = str(spec.dist.termination_notice_s)
+    env[lp_init.NOTICE_ENV] = str(settings.dist.termination_notice_s)
     env[NODE_GROUP_ENV] = group      # which node a process is (ps e, tests)
-    if spec.run.jax_cache_dir:
-      env[lp_init.JAX_CACHE_ENV] = spec.run.jax_cache_dir
+    if settings.run.jax_cache_dir:
+      env[lp_init.JAX_CACHE_ENV] = settings.run.jax_cache_dir
     out[group] = lp_init.python_process(init_file, env=env)
   return out

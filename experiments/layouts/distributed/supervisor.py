@@ -2,7 +2,7 @@
 
 A dead actor or evaluator node is restarted in place (``RestartingWorkerManager``);
 any other dead node -- learner, replay, counter, step limiter -- ends the
-launch, and ``launch.run_prepared`` restarts the program from the last
+launch, and ``launch.run`` restarts the program from the last
 complete checkpoint. Both are bounded by ``--max_restarts``; past the bound
 the run stops with a ``NodeExit.report()``: the node, its exit status and the
 last lines of its log.
@@ -13,7 +13,7 @@ whole program at the first worker that exits with a non-zero status
 (``acme.utils.lp_utils``) restarts a worker. ``RestartingWorkerManager`` is
 that manager with one change: before its own check, a dead process of a
 restartable group is started again with the same command and environment
-(plus ``spec.RESTART_ENV`` = its restart count, from which the node takes a
+(plus ``RESTART_ENV`` = its restart count, from which the node takes a
 new env seed segment and fresh step ids) and its output appended to the same
 log file. Everything else -- stop signals, the termination notice, killing --
 stays Launchpad's. ``installed()`` makes ``launch_local_output_to_files``
@@ -34,9 +34,19 @@ from typing import Callable, Dict, List, Optional
 from launchpad.launch import worker_manager
 from launchpad.launch.run_locally import launch_local_output_to_files
 
-from experiments.layouts.distributed.spec import RESTART_ENV, RESTARTABLE_GROUPS
+from experiments.run.rundir import tail_lines
 
 TAIL_LINES = 20
+# Set by the supervisor in the environment of a node it restarts in place:
+# the restart count k >= 1.
+RESTART_ENV = 'DREAMER_NODE_RESTART'
+# Node groups restarted in place; any other dead node restarts the program.
+RESTARTABLE_GROUPS = ('actor', 'evaluator', 'join')
+
+
+def node_restart() -> int:
+  """This node process's in-place restart count (0: its first start)."""
+  return int(os.environ.get(RESTART_ENV, '0') or 0)
 
 
 def exit_status(returncode: int) -> str:
@@ -51,12 +61,7 @@ def exit_status(returncode: int) -> str:
 
 def log_tail(path: Optional[str], lines: int = TAIL_LINES) -> str:
   """The last ``lines`` lines of a node's log file ('' without one)."""
-  if not path or not os.path.exists(path):
-    return ''
-  with open(path, 'rb') as f:
-    f.seek(max(0, os.path.getsize(path) - 65536))
-    text = f.read().decode(errors='replace')
-  return '\n'.join(text.splitlines()[-lines:])
+  return '\n'.join(tail_lines(path)[-lines:]) if path else ''
 
 
 @dataclasses.dataclass

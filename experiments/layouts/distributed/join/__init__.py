@@ -10,3 +10,6 @@
 
 The run secret they share: ``experiments/layouts/distributed/secret.py``.
 """
+
+# <logdir>/join.json: where the join service listens (``--join=<logdir>``).
+JOIN_FILE = 'join.json'

@@ -44,9 +44,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
-from experiments.layouts.distributed.join import wire
+from experiments.layouts.distributed.addresses import parse_address
+from experiments.layouts.distributed.join import JOIN_FILE, wire
 from experiments.layouts.distributed.secret import joiner_secret
-from experiments.layouts.distributed.spec import JOIN_FILE, ProgramSpec
+from experiments.layouts.distributed.settings import ProgramSettings
 from experiments.run import env_loop, rundir
 from experiments.run.config import log, segment_seed
 
@@ -73,7 +74,7 @@ def service_address(target: str) -> str:
   if os.path.isdir(target):
     raise ValueError(f'--join {target}: no {JOIN_FILE} there (the program '
                      'writes it when started with --join_slots)')
-  wire.parse_address(target)
+  parse_address(target)
   return target
 
 
@@ -238,7 +239,7 @@ class RemoteParams:
 def _connect(address: str, secret: bytes, stop: threading.Event):
   """An authenticated connection, retrying while the service is not up yet
   (at most ``CONNECT_S``); ValueError at once when the secret is refused."""
-  host, port = wire.parse_address(address)
+  host, port = parse_address(address)
   deadline = time.monotonic() + CONNECT_S
   while True:
     try:
@@ -288,26 +289,26 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
     raise ValueError(f'the program at {address} refused the join: '
                      f'{header.get("reason", header)}')
   ticket = header
-  spec = ProgramSpec.from_json(ticket['settings'])
-  c, claim = spec.config, int(ticket['claim'])
-  log(f'[join] claim {claim}: {num_envs} envs of {spec.run.task} as workers '
+  settings = ProgramSettings.from_json(ticket['settings'])
+  c, claim = settings.config, int(ticket['claim'])
+  log(f'[join] claim {claim}: {num_envs} envs of {settings.run.task} as workers '
       f'[{ticket["offset"]}, {ticket["offset"] + num_envs}) of the program '
-      f'at {address} (logdir {spec.run.logdir} there)')
+      f'at {address} (logdir {settings.run.logdir} there)')
   link = _Link(conn, stop)
-  builder = spec.builder(device_prefetch=False)
+  builder = settings.builder
   networks = builder.make_networks()
   expected = jax.eval_shape(lambda k: acting.acting_params(networks.init(k)),
                             jax.random.PRNGKey(0))
   source = RemoteParams(link, ticket, expected)
   conn.max_bytes = source.nbytes + wire.TAG_BYTES + HELLO_BYTES
-  seed = segment_seed(c.seed, spec.segment, restart=1 + claim)
-  env = spec.run.make_env(num_envs, seed, int(ticket['offset']))
+  seed = segment_seed(c.seed, settings.segment, restart=1 + claim)
+  env = settings.run.make_env(num_envs, seed, int(ticket['offset']))
   adder = RemoteAdder(link, ticket)
   key = jax.random.fold_in(jax.random.fold_in(
-      seed_keys(c.seed)['actor'], JOIN_STREAM + claim), spec.segment)
+      seed_keys(c.seed)['actor'], JOIN_STREAM + claim), settings.segment)
   actor = builder.make_actor(key, builder.make_policy(networks), adder,
                              source, num_envs=num_envs,
-                             update_period=spec.dist.update_period,
+                             update_period=settings.dist.update_period,
                              versioned=True)
   scores: List[float] = []
   observer = env_loop.EpisodeObserver(

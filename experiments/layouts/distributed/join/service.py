@@ -23,7 +23,7 @@ raw arrays:
 
   claim {num_envs, who}        -> claimed {claim, token, offset, index_base,
                                   lease_s, heartbeat_s, settings (the
-                                  program's, ``ProgramSpec.to_json``)}
+                                  program's, ``ProgramSettings.to_json``)}
   steps {claim, token, names} + one array per stored leaf, leading [n]
                                -> stored {steps: vector steps stored so far},
                                   or refused {reason}
@@ -72,14 +72,11 @@ from experiments.layouts.distributed.addresses import advertised_host
 from experiments.layouts.distributed.join import wire
 from experiments.layouts.distributed.join.slots import (
     HEARTBEAT_S, LEAVE_WAIT_S, Claim, JoinSlots)
-from experiments.layouts.distributed.node_utils import (
-    SyncedCounter, lp_hooks, run_guarded, wait_for_replay)
-from experiments.layouts.distributed.secret import ensure_secret, secret_path
-from experiments.layouts.distributed.spec import (
-    JOIN_FILE, ProgramSpec, node_restart)
+from experiments.layouts import stopping
+from experiments.layouts.distributed.join import JOIN_FILE
+from experiments.layouts.distributed.secret import secret_path
 from experiments.run import rundir
 from experiments.run.config import log
-from reverb_tables.packing import StepLayout
 
 # A client must finish the handshake within this long.
 HANDSHAKE_S = 10.0
@@ -92,7 +89,8 @@ HEADER_BYTES = 64 * 1024
 # Seconds between log lines about refused connections (a scan or a flood
 # must not flood the log).
 DENIED_LOG_S = 10.0
-# <launch_dir>/join_claims: claim numbers, for a service restarted in place.
+# <launch_dir>/join_claims.json: claim numbers, for a service restarted in
+# place (program.make_join_node).
 CLAIMS_FILE = 'join_claims.json'
 
 
@@ -123,27 +121,21 @@ class _Session:
 class JoinService:
   """The join service node (module doc)."""
 
-  def __init__(self, spec: ProgramSpec, replay, learner, counter):
-    self._spec, self._learner = spec, learner
-    run, dist = spec.run, spec.dist
-    self._stop_event, _ = lp_hooks()
-    self._secret = ensure_secret(secret_path(run.logdir,
-                                             dist.join_secret_file))
-    self._builder = spec.builder(device_prefetch=False)
-    wait_for_replay(replay, self._stop_event.is_set)
-    self._replay = replay
-    self._counter = SyncedCounter(counter, time_delta=dist.counter_sync_s)
+  def __init__(self, settings, book: JoinSlots, make_adder, layout, counter,
+               learner, secret: bytes, claims_file: str):
+    """``program.make_join_node`` builds the pieces: the book of claims
+    (restored), ``make_adder(num_workers, worker_offset)`` (the builder's
+    adder on the program's Reverb server), the step layout, the synced
+    counter, the learner's handle (parameters) and the run secret;
+    ``claims_file`` keeps the claim numbers for an in-place restart."""
+    self._settings, self._learner = settings, learner
+    run, dist = settings.run, settings.dist
+    self._stop = stopping.NodeStop()
+    self._secret, self._book, self._make_adder = secret, book, make_adder
+    self._counter, self._claims_file = counter, claims_file
     self._lock = threading.Lock()
-    self._book = JoinSlots(run.num_envs, dist.join_slots,
-                           spec.restart_index_jump, dist.join_lease_s,
-                           dist.join_max_envs or None)
-    self._book.restore((spec.run_state or {}).get('learner', {}).get('join'))
-    self._claims_file = os.path.join(spec.launch_dir, CLAIMS_FILE)
-    if node_restart() and os.path.exists(self._claims_file):
-      self._book.restore(rundir.read_json(self._claims_file))
-    layout = StepLayout.from_step_spec(self._builder.step_spec)
     self._names = [f.name for f in layout.fields]
-    self._max_in = HEADER_BYTES + self._book.max_envs * layout.width
+    self._max_in = HEADER_BYTES + book.max_envs * layout.width
     self._recent: List[float] = []
     self._stopping = threading.Event()      # heartbeats answer 'stop'
     self._params: Optional[Tuple[int, list, list]] = None
@@ -161,12 +153,12 @@ class JoinService:
     self.address = join_address(dist.bind, self.port)
     rundir.atomic_write(os.path.join(run.logdir, JOIN_FILE), json.dumps(
         {'address': self.address, 'join_slots': dist.join_slots,
-         'segment': spec.segment}))
+         'segment': settings.segment}))
     log(f'[join] listening on {listen_host(dist.bind)}:{self.port}; remote '
         f'actors join with: python experiments/run_dmc.py --distributed '
         f'--join={self.address} --join_secret_file=<a copy of '
         f'{secret_path(run.logdir, dist.join_secret_file)}> --num_envs=N '
-        f'(N <= {self._book.max_envs})')
+        f'(N <= {book.max_envs})')
 
   # -- courier methods (the learner) --------------------------------------------
   def row(self) -> Dict[str, Any]:
@@ -201,18 +193,19 @@ class JoinService:
   # -- main thread -----------------------------------------------------------------
   def stop(self) -> None:
     """Stops serving (as a program stop does; outside Launchpad, tests)."""
-    self._stop_event.set()
+    self._stop.program.set()
 
   def run(self) -> None:
-    run_guarded(self._spec, 'join', self._run, restartable=True)
+    stopping.run_guarded(self._settings, 'join', self._run, restartable=True)
 
   def _run(self) -> None:
     threading.Thread(target=self._accept, name='join-accept',
                      daemon=True).start()
-    while not self._stop_event.wait(1.0):
+    while not self._stop.program.wait(1.0):
       self._reap()
     self._stopping.set()
-    self._spec.wait_for_learner()    # the learner's final calls come first
+    stopping.wait_for_learner(          # the learner's final calls come first
+        self._settings.launch_dir, self._settings.dist.stop_grace_s)
     self._sock.close()
     for conn in list(self._connections.values()):
       conn.close()
@@ -235,7 +228,7 @@ class JoinService:
         sock, _ = self._sock.accept()
       except OSError:
         return                        # closed
-      if len(self._connections) >= self._spec.dist.join_slots + \
+      if len(self._connections) >= self._settings.dist.join_slots + \
           SPARE_CONNECTIONS:
         self._deny(f'{wire.peer_name(sock)}: too many connections')
         sock.close()
@@ -280,7 +273,7 @@ class JoinService:
         if kind == 'steps':
           self._store(conn, session, header, arrays)
         elif kind == 'heartbeat':
-          stop = self._stopping.is_set() or self._stop_event.is_set()
+          stop = self._stopping.is_set() or self._stop.program.is_set()
           conn.send({'type': 'heartbeat', 'answer': 'stop' if stop else 'ok',
                      'stats': dict(session.claim.stats)})
         elif kind == 'params':
@@ -312,7 +305,7 @@ class JoinService:
       self._end(conn, session, why)
 
   def _claim(self, conn: wire.Connection, header: Dict[str, Any]) -> _Session:
-    if self._stopping.is_set() or self._stop_event.is_set():
+    if self._stopping.is_set() or self._stop.program.is_set():
       raise Refused('the program is stopping; nothing to join')
     with self._lock:
       try:
@@ -322,8 +315,7 @@ class JoinService:
         raise Refused(str(e)) from None
       rundir.atomic_write(self._claims_file, json.dumps(self._book.state()))
     base = self._book.index_base(c)
-    adder = self._builder.make_adder(self._replay, num_workers=c.num_envs,
-                                     worker_offset=c.offset)
+    adder = self._make_adder(num_workers=c.num_envs, worker_offset=c.offset)
     adder.set_state({**adder.get_state(), 'lengths': [base] * c.num_envs})
     session = _Session(c, adder, EpisodeTracker(c.num_envs))
     log(f'[join] {c.who} ({conn.peer}) joined: claim {c.claim}, workers '
@@ -331,7 +323,7 @@ class JoinService:
     conn.send({'type': 'claimed', 'claim': c.claim, 'token': c.token,
                'offset': c.offset, 'num_envs': c.num_envs, 'index_base': base,
                'lease_s': self._book.lease_s, 'heartbeat_s': HEARTBEAT_S,
-               'names': self._names, 'settings': self._spec.to_json()})
+               'names': self._names, 'settings': self._settings.to_json()})
     return session
 
   def _check(self, session: _Session, header: Dict[str, Any]) -> None:
@@ -384,14 +376,14 @@ class JoinService:
     finally:
       c.busy = False
       c.last_seen = time.monotonic()
-    repeat = self._spec.run.action_repeat
+    repeat = self._settings.run.action_repeat
     ended = int(np.sum(flags['is_last']))
     counts = self._counter.increment(actor_steps=n, env_steps=n * repeat,
                                      episodes=ended)
-    run = self._spec.run
+    run = self._settings.run
     for ep in episodes:
       rundir.append_score(run.logdir, run.task, int(counts.get('env_steps', 0)),
-                          ep.score, self._spec.config.seed)
+                          ep.score, self._settings.config.seed)
     with self._lock:
       self._book.record(c, env_steps=n * repeat, episodes=len(episodes),
                         items=s.adder.num_items_created - items)

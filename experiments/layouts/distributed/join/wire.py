@@ -302,13 +302,3 @@ def peer_name(sock: socket.socket) -> str:
     return f'{host}:{port}'
   except OSError:
     return '?'
-
-
-def parse_address(address: str, flag: str = '--join') -> Tuple[str, int]:
-  """'HOST:PORT' (or '[v6]:PORT') -> (host, port); ValueError naming the
-  flag otherwise."""
-  host, sep, port = str(address).rpartition(':')
-  host = host[1:-1] if host.startswith('[') and host.endswith(']') else host
-  if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
-    raise ValueError(f'{flag} must be HOST:PORT, got {address!r}')
-  return host, int(port)

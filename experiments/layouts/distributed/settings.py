@@ -1,65 +1,48 @@
-"""What every node of the Launchpad program is given (pickled into each).
+"""The Launchpad program's settings: data, no behaviour.
 
-``DistributedConfig`` holds the program's settings (actors, parameter
-fetches, stop grace), ``ProgramSpec`` everything a node needs: the run, the
-agent config, the env spaces, the resume point and a per-launch scratch
-folder (marker files, errors, the summary).
+``DistributedConfig`` holds the program's own settings (actors, restarts,
+learner processes, remote actors), each range rule once in ``RULES`` (the
+flags' validators use the same table, ``experiments.options``).
+``ProgramSettings`` is what every node of one launch is given (pickled into
+each by Launchpad; sent to other hosts as JSON, ``to_json``): the
+experiment (``experiments.run.experiment``), the ``DistributedConfig``, and
+this launch's scratch folder, segment, resume point and coordinator.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from typing import Any, Dict, Optional
 
-from agent.config import DreamerConfig
 from agent.parallel import check_processes
 from agent.types import EnvSpaces
 from experiments.layouts.distributed.addresses import advertised_host
-from experiments.run.config import RunConfig
+from experiments.run.config import Rule, RunConfig, check_rules
+from experiments.run.experiment import DreamerExperiment, experiment_of
 from reverb_tables.latent_store import id_jump
 
 MODE = 'distributed'
-GROUPS = ('replay', 'counter', 'limiter', 'learner', 'actor', 'evaluator',
-          'join')
-LEARNER_DONE_FILE = 'learner_done'
-SUMMARY_FILE = 'summary.json'
-# <logdir>/join.json: where remote actors join (``--join``), by the learner.
-JOIN_FILE = 'join.json'
-ERRORS_DIR = 'errors'
 TERMINALS = ('output_to_files', 'current_terminal')
 # Each actor's adder counters are saved + this margin: an item whose last step
 # reached the Reverb checkpoint a moment before the actor bumped its counter
 # can never share a step id with a step written after the resume.
 STEP_ID_MARGIN = 1
-# Set by the supervisor (``supervisor.RestartingWorkerManager``) in the
-# environment of a node it restarts in place: the restart count k >= 1.
-RESTART_ENV = 'DREAMER_NODE_RESTART'
-# Each node process's group ('replay', 'learner', 'actor', ...).
-NODE_GROUP_ENV = 'DREAMER_NODE_GROUP'
-# Node groups restarted in place; any other dead node restarts the program.
-RESTARTABLE_GROUPS = ('actor', 'evaluator', 'join')
 
-
-def node_restart() -> int:
-  """This node process's in-place restart count (0: its first start)."""
-  return int(os.environ.get(RESTART_ENV, '0') or 0)
-
-
-
-
-def _no_env_factory(seed: int):
-  raise ValueError('this process has no env factory of the program\'s '
-                   "'custom' suite (it was not sent: it is code)")
-
-
-def check_actors(num_envs: int, num_actors: int) -> None:
-  """ValueError unless the ``num_envs`` training envs split evenly over
-  ``num_actors`` actor processes (the one place this rule lives)."""
-  if num_envs % num_actors:
-    raise ValueError(f'--num_envs {num_envs} (total training envs) must be a '
-                     f'multiple of --num_actors {num_actors}')
+# field: rule (flag, lowest, highest, lowest excluded) -- the one home of
+# every range rule of the program's settings (flags: experiments.options).
+RULES: Dict[str, Rule] = {
+    'num_actors': ('num_actors', 1, 256, False),
+    'update_period': ('actor_update_period', 1, None, False),
+    'lag_probe_every': ('lag_probe_every', 1, None, False),
+    'stop_grace_s': ('stop_grace', 0, None, True),
+    'max_restarts': ('max_restarts', 0, None, False),
+    'learner_processes': ('learner_processes', 1, 64, False),
+    'remote_learner_processes': ('remote_learner_processes', 0, 63, False),
+    'join_slots': ('join_slots', 0, 1000, False),
+    'join_port': ('join_port', 0, 65535, False),
+    'join_lease_s': ('join_lease', 0, None, True),
+    'join_max_envs': ('join_max_envs', 0, None, False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,14 +60,15 @@ class DistributedConfig:
   rpc_timeout_s: courier call timeout of the actors' and learner's RPCs.
   terminal: Launchpad local_mp terminal ('output_to_files' writes each
     node's output to ``<logdir>/lp_logs/segment-<n>/<group>/<i>``).
-  max_restarts: in-place restarts of each actor / evaluator node, and
-    restarts of the whole program from its last checkpoint after any other
-    node died (issue 22); 0 stops the run at the first dead node.
+  max_restarts: in-place restarts of each actor / evaluator / join node,
+    and restarts of the whole program from its last checkpoint after any
+    other node died (issue 22); 0 stops the run at the first dead node.
   learner_processes: processes of the learner (``jax.distributed``, one per
-    host in a multi-host run; here all on this machine): the update runs
-    data-parallel over all their devices (``agent.parallel``).
+    host in a multi-host run): the update runs data-parallel over all their
+    devices (``agent.parallel``).
   coordinator_address: ``host:port`` of the learner processes' coordination
-    service (process 0); '' picks a free port on 127.0.0.1 at each launch.
+    service (process 0, which listens there only); '' picks a free port on
+    127.0.0.1 at each launch.
   remote_learner_processes: how many of the learner processes (the last
     ones) are started on other hosts (``learner_peer.run_remote_peer``,
     ``run_dmc.py --learner_peer=K``) rather than by this program; needs a
@@ -97,12 +81,12 @@ class DistributedConfig:
   bind: where this host listens for other hosts: the join service listens
     on it ('' -> loopback only; '0.0.0.0' -> every interface), and it is
     the address written to ``join.json`` (remote actors) and
-    ``learner_peers.json`` (remote learner processes) and where gloo and the
-    coordination service listen (``gloo_host``; ``addresses.py``: '0.0.0.0'
-    is advertised as this machine's first non-loopback IPv4 address). Reverb
-    and courier servers listen on every interface whatever this says (their
-    servers take a port only), so keep untrusted networks out with a
-    firewall (README "Security").
+    ``learner_peers.json`` (remote learner processes) and where gloo listens
+    (``gloo_host``; ``addresses.py``: '0.0.0.0' is advertised as this
+    machine's first non-loopback IPv4 address). Reverb and courier servers
+    listen on every interface whatever this says (their servers take a port
+    only), so keep untrusted networks out with a firewall (README
+    "Security").
   join_lease_s: a remote actor's claim ends after this long without a
     message while it is not waiting on the replay (it hangs), ``--join_lease``;
     a claim whose connection ends is freed at once.
@@ -131,21 +115,8 @@ class DistributedConfig:
   join_secret_file: str = ''
 
   def __post_init__(self):
-    if self.num_actors < 1:
-      raise ValueError(f'--num_actors must be >= 1, got {self.num_actors}')
-    if self.update_period < 1:
-      raise ValueError(f'--actor_update_period must be >= 1, got '
-                       f'{self.update_period}')
-    if self.lag_probe_every < 1:
-      raise ValueError('lag_probe_every must be >= 1')
-    if self.stop_grace_s <= 0:
-      raise ValueError(f'--stop_grace must be > 0 seconds, got {self.stop_grace_s}')
-    if self.max_restarts < 0:
-      raise ValueError(f'--max_restarts must be >= 0, got {self.max_restarts}')
-    if self.learner_processes < 1:
-      raise ValueError(f'--learner_processes must be >= 1, got '
-                       f'{self.learner_processes}')
-    if not 0 <= self.remote_learner_processes < self.learner_processes:
+    check_rules(RULES, self)
+    if self.remote_learner_processes >= self.learner_processes:
       raise ValueError(
           f'--remote_learner_processes must be in [0, --learner_processes '
           f'{self.learner_processes}) (process 0 runs in this program), got '
@@ -154,17 +125,6 @@ class DistributedConfig:
       raise ValueError('--remote_learner_processes needs --coordinator_address'
                        '=HOST:PORT, an address of this host that the other '
                        'learner hosts reach')
-    if self.join_slots < 0:
-      raise ValueError(f'--join_slots must be >= 0, got {self.join_slots}')
-    if not 0 <= self.join_port <= 65535:
-      raise ValueError(f'--join_port must be in [0, 65535], got '
-                       f'{self.join_port}')
-    if self.join_lease_s <= 0:
-      raise ValueError(f'--join_lease must be > 0 seconds, got '
-                       f'{self.join_lease_s}')
-    if self.join_max_envs < 0:
-      raise ValueError(f'--join_max_envs must be >= 0, got '
-                       f'{self.join_max_envs}')
     if self.terminal not in TERMINALS:
       raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
                        f'{self.terminal!r}')
@@ -178,9 +138,9 @@ class DistributedConfig:
 
   @property
   def restarts_in_place(self) -> bool:
-    """Whether a dead actor / evaluator is restarted in place: Launchpad's
-    'current_terminal' launcher keeps no exit status of its nodes (it
-    registers them as bare pids), so only 'output_to_files' can."""
+    """Whether a dead actor / evaluator / join node is restarted in place:
+    Launchpad's 'current_terminal' launcher keeps no exit status of its
+    nodes (it registers them as bare pids), so only 'output_to_files' can."""
     return self.max_restarts > 0 and self.terminal == 'output_to_files'
 
   @property
@@ -189,57 +149,65 @@ class DistributedConfig:
     return int(self.stop_grace_s + 30)
 
 
+def check_layout(experiment: DreamerExperiment,
+                 dist: DistributedConfig) -> None:
+  """ValueError unless the experiment fits the program: the training envs
+  split evenly over the actor processes, the learner devices over the
+  learner processes, and remote actors can build the envs (the one place
+  these rules live)."""
+  run = experiment.run
+  if run.num_envs % dist.num_actors:
+    raise ValueError(f'--num_envs {run.num_envs} (total training envs) must '
+                     f'be a multiple of --num_actors {dist.num_actors}')
+  check_processes(run.learner_devices, dist.learner_processes)
+  if dist.join_slots and run.suite == 'custom':
+    raise ValueError('--join_slots: remote actors build their envs from the '
+                     'program\'s --suite and --task; an env factory of '
+                     'train() cannot be sent to them (it is code)')
+
+
 @dataclasses.dataclass
-class ProgramSpec:
-  """Everything a node needs (pickled into every node process).
+class ProgramSettings:
+  """What every node of one launch is given (module doc).
 
   run_state: the ``run_state.json`` of the checkpoint resumed from (or None);
   resume: that checkpoint's path; segment: resume count (env seeds move with
   it, as in the single-process run); launch_dir: a per-launch scratch folder
-  (marker files, errors, summary); coordinator_address: this launch's
-  address of the learner processes' coordination service (a fresh port at
-  each launch unless ``--coordinator_address`` names one).
+  (marker files, errors, the summary); coordinator_address: this launch's
+  address of the learner processes' coordination service.
   """
-  run: RunConfig
-  config: DreamerConfig
+  experiment: DreamerExperiment
   dist: DistributedConfig
-  spaces: EnvSpaces
   launch_dir: str
   segment: int = 0
   resume: Optional[str] = None
   run_state: Optional[Dict[str, Any]] = None
   coordinator_address: str = ''
-  remote_learner_processes: int = 0
-  join_slots: int = 0
-  join_port: int = 0
-  bind: str = ''
-  join_lease_s: float = 60.0
 
-  def __post_init__(self):
-    check_actors(self.run.num_envs, self.dist.num_actors)
-    check_processes(self.run.learner_devices, self.dist.learner_processes)
+  @property
+  def run(self) -> RunConfig:
+    return self.experiment.run
+
+  @property
+  def config(self):
+    return self.experiment.config
+
+  @property
+  def spaces(self) -> EnvSpaces:
+    return self.experiment.spaces
+
+  @property
+  def builder(self):
+    """The experiment's builder (made once, with the experiment)."""
+    return self.experiment.builder
 
   @property
   def envs_per_actor(self) -> int:
     return self.run.num_envs // self.dist.num_actors
 
   @property
-  def learner_done_path(self) -> str:
-    return os.path.join(self.launch_dir, LEARNER_DONE_FILE)
-
-  @property
   def counts(self) -> Dict[str, float]:
     return dict((self.run_state or {}).get('counts', {}))
-
-  def builder(self, **kwargs):
-    from agent.builder import DreamerBuilder
-    run = self.run
-    return DreamerBuilder(self.config, self.spaces, num_envs=run.num_envs,
-                          rate_limiter='ratio', chunk_length=run.chunk_length,
-                          eval_policy=run.eval_policy, prefetch=run.prefetch,
-                          learner_devices=run.learner_devices,
-                          policy_device=run.policy_device,
-                          join_workers=self.dist.join_slots, **kwargs)
 
   @property
   def num_workers(self) -> int:
@@ -280,33 +248,32 @@ class ProgramSpec:
             'coordinator_address': self.coordinator_address}
 
   @classmethod
-  def from_json(cls, data: Dict[str, Any]) -> 'ProgramSpec':
-    """The spec ``to_json`` describes; ValueError naming a field that the
-    constructors refuse. A 'custom' suite's env cannot be made here."""
+  def from_json(cls, data: Dict[str, Any]) -> 'ProgramSettings':
+    """The settings ``to_json`` describes; ValueError naming a field that
+    the constructors refuse. A 'custom' suite's env cannot be made here."""
     from agent.config import make_config
     try:
       run = dict(data['run'])
       if run.get('suite') == 'custom':
         run['env_factory'] = _no_env_factory
       sp = data['spaces']
-      return cls(
-          run=RunConfig(**run), config=make_config(**data['config']),
-          dist=DistributedConfig(**data['dist']),
-          spaces=EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
-                           act_dim=int(sp['act_dim']),
-                           discrete=bool(sp['discrete'])),
-          launch_dir=str(data['launch_dir']), segment=int(data['segment']),
-          resume=data['resume'],
-          coordinator_address=str(data['coordinator_address']))
+      dist = DistributedConfig(**data['dist'])
+      spaces = EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
+                         act_dim=int(sp['act_dim']),
+                         discrete=bool(sp['discrete']))
+      experiment = experiment_of(RunConfig(**run),
+                                 make_config(**data['config']), spaces,
+                                 dist.join_slots)
+      return cls(experiment=experiment, dist=dist,
+                 launch_dir=str(data['launch_dir']),
+                 segment=int(data['segment']), resume=data['resume'],
+                 coordinator_address=str(data['coordinator_address']))
     except (KeyError, TypeError, AttributeError) as e:
       raise ValueError(f'program settings are incomplete or malformed: '
                        f'{e!r}') from None
 
-  def wait_for_learner(self) -> bool:
-    """Blocks until the learner's final checkpoint is written (or the grace)."""
-    deadline = time.monotonic() + self.dist.stop_grace_s
-    while not os.path.exists(self.learner_done_path):
-      if time.monotonic() >= deadline:
-        return False
-      time.sleep(0.1)
-    return True
+
+def _no_env_factory(seed: int):
+  raise ValueError('this process has no env factory of the program\'s '
+                   "'custom' suite (it was not sent: it is code)")
+
