@@ -129,7 +129,6 @@ def run_remote_peer(logdir: str, process_id: int, bind: str = '',
   (``secret_file``, else ``$DREAMER_JOIN_SECRET``, else the logdir's)."""
   import reverb
   logdir = os.path.abspath(logdir)
-  key = joiner_secret(logdir, secret_file)
   path = os.path.join(logdir, PEERS_FILE)
   deadline = time.monotonic() + wait_s
   while not os.path.exists(path):
@@ -137,6 +136,8 @@ def run_remote_peer(logdir: str, process_id: int, bind: str = '',
       raise RuntimeError(f'no {path} after {wait_s:.0f}s: start the program '
                          '(with --remote_learner_processes) first')
     time.sleep(1.0)
+  # The program writes its secret before this file: read it now.
+  key = joiner_secret(logdir, secret_file, flag='--learner_peer')
   check_private(path)
   with open(path) as f:
     info = verify(key, f.read(), path)

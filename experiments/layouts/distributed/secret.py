@@ -73,10 +73,12 @@ def read_secret(path: str) -> bytes:
 
 
 def joiner_secret(target: str, secret_file: str = '',
-                  environ: Optional[Mapping[str, str]] = None) -> bytes:
-  """A remote actor's secret: ``--join_secret_file``, else
-  ``$DREAMER_JOIN_SECRET``, else ``<run directory>/join.secret`` when
-  ``--join`` names one. ValueError saying how to pass it otherwise."""
+                  environ: Optional[Mapping[str, str]] = None,
+                  flag: str = '--join') -> bytes:
+  """Another host's copy of the secret (a remote actor's, ``flag`` --join,
+  or a remote learner process's, --learner_peer): ``--join_secret_file``,
+  else ``$DREAMER_JOIN_SECRET``, else ``<run directory>/join.secret`` when
+  ``target`` is one. ValueError saying how to pass it otherwise."""
   environ = os.environ if environ is None else environ
   if secret_file:
     return read_secret(secret_file)
@@ -85,7 +87,7 @@ def joiner_secret(target: str, secret_file: str = '',
   if os.path.isdir(target):
     return read_secret(os.path.join(target, SECRET_FILE))
   raise ValueError(
-      f'--join={target} needs the run secret (the program\'s '
+      f'{flag}: {target} needs the run secret (the program\'s '
       f'<logdir>/{SECRET_FILE}): pass --join_secret_file=PATH to a copy of '
       f'it (mode 0600) or set ${SECRET_ENV} to its text')
 
