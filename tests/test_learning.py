@@ -167,12 +167,25 @@ def test_bfloat16_compute_runs(spaces):
   assert tokens.dtype == jnp.bfloat16
 
 
+# spec 4.1 loss scales, typed in (not read from the config under test); each
+# decoder key is its own 'rec' term with scale 1.0.
+SPEC_LOSS_SCALES = {'dyn': 1.0, 'rep': 0.1, 'rew': 1.0, 'con': 1.0,
+                    'policy': 1.0, 'value': 1.0, 'repval': 0.3, 'rec': 1.0}
+
+
+def _spec_scale(name):
+  return SPEC_LOSS_SCALES['rec' if name.startswith('rec_') else name]
+
+
 @pytest.mark.parametrize('discrete,start_from_data', [(False, True), (True, True),
                                                       (False, False)])
 def test_losses_and_gradients_match_literal_reference(spaces, discrete, start_from_data):
-  """spec 3.1-3.20 / Algorithms E-H: the fast loss (time-major imagination, split
-  heads, fused two-hot) equals tests/reference_losses.py, a literal reading of
-  the spec, term by term and in its gradients w.r.t. every parameter."""
+  """spec 1.3-4.1 / Algorithms A-H: the fast loss (hoisted scans, time-major
+  imagination, split heads, fused two-hot, custom VJPs) equals
+  tests/reference_losses.py, a literal reading of the spec that imports no
+  project code, term by term, in the return normaliser, and in the gradient
+  of the spec-weighted total w.r.t. every parameter. The batch has episode
+  starts, ends and terminals inside its windows."""
   from agent import config as config_lib
   from tests import reference_losses
   if discrete:
@@ -193,7 +206,12 @@ def test_losses_and_gradients_match_literal_reference(spaces, discrete, start_fr
             for m, d in params.items()}
   slow = jax.tree_util.tree_map(lambda x: 0.9 * x, learning.val_params(params))
   retnorm = state.retnorm._replace(lo=jnp.float32(-0.5), hi=jnp.float32(1.5))
-  b = jax.device_put(synthetic.make_batch(spaces, c, seed=2, episode_len=4))
+  b = synthetic.make_batch(spaces, c, seed=2, episode_len=4)
+  # Terminal episode ends (is_last and is_terminal), so the continue target,
+  # the start-state continuation and the replay return see both kinds of end.
+  b['is_terminal'] = b['is_last'] & (np.arange(c.seq_len)[None] % 2 == 1)
+  assert b['is_terminal'][:, 1:].any() and (b['is_last'] & ~b['is_terminal'])[:, 1:].any()
+  b = jax.device_put(b)
   key = jax.random.PRNGKey(7)
 
   def fast(p):
@@ -201,21 +219,27 @@ def test_losses_and_gradients_match_literal_reference(spaces, discrete, start_fr
     return losses, (rn.lo, rn.hi)
 
   def ref(p):
-    return reference_losses.compute_losses(p, slow, retnorm, b, key, nets)
-
-  scales = learning.loss_scales(c, spaces)
+    return reference_losses.compute_losses(
+        p, slow, (retnorm.lo, retnorm.hi), b, key,
+        act_dim=spaces.act_dim, discrete=spaces.discrete,
+        imag_horizon=4, start_from_data=start_from_data)
 
   def total(losses_fn):     # losses and their gradient
     def fn(p):
       losses, rn = losses_fn(p)
-      return sum(scales[k] * jnp.mean(v) for k, v in losses.items()), (losses, rn)
+      return sum(_spec_scale(k) * jnp.mean(v) for k, v in losses.items()), (losses, rn)
     return jax.grad(fn, has_aux=True)
+
+  # The fast total with the config's scales is the same function (spec 4.1).
+  scales = learning.loss_scales(c, spaces)
+  assert {k: _spec_scale(k) for k in scales} == scales
 
   # Both sides in one jitted program: one XLA compile instead of two.
   (g_fast, (l_fast, rn_fast)), (g_ref, (l_ref, rn_ref)) = jax.jit(
       lambda p: (total(fast)(p), total(ref)(p)))(params)
   assert sorted(l_fast) == sorted(l_ref)
   for name in l_ref:
+    assert l_fast[name].shape == l_ref[name].shape, name
     np.testing.assert_allclose(l_fast[name], l_ref[name], rtol=2e-5, atol=2e-6,
                                err_msg=name)
   np.testing.assert_allclose(rn_fast[0], rn_ref[0], rtol=1e-5)
