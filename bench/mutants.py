@@ -336,15 +336,15 @@ def main(argv=None):
     original, _ = apply(scratch, m)
     with open(os.path.join(scratch, m.path), 'w') as f:
       f.write(original)
-  groups = sorted({m.tests for m in mutants})
-  baseline = {}
-  for tests in groups:
-    ok, why, secs = run_tests(scratch, tests, cache, args.timeout)
-    baseline[' '.join(tests)] = round(secs, 1)
-    print(f'unmutated {len(tests)} files: {"pass" if ok else why} ({secs:.0f} s)',
-          flush=True)
-    if not ok:
-      raise SystemExit(f'the unmutated tree fails its tests: {why}')
+  union = []
+  for m in mutants:
+    union += [t for t in m.tests if t not in union]
+  ok, why, secs = run_tests(scratch, union, cache, args.timeout)
+  baseline = {' '.join(union): round(secs, 1)}
+  print(f'unmutated, {len(union)} files: {"pass" if ok else why} ({secs:.0f} s)',
+        flush=True)
+  if not ok:
+    raise SystemExit(f'the unmutated tree fails its tests: {why}')
 
   rows = []
   for m in mutants:
