@@ -76,9 +76,17 @@ _FIRST = {'agent/actor_critic.py': 'tests/test_actor_critic.py',
 
 
 def M(name, path, old, new, what, tests=None):
-  if tests is None:                       # the learner's files, own module first
+  """The learner's files by default: the mutated module's own unit tests,
+  then tests/test_learning.py (the literal reference and the routing matrix
+  come first there), then the rest, the spec table last (first for a
+  config default)."""
+  if tests is None:
     first = _FIRST.get(path)
-    tests = ([first] if first else []) + [t for t in LEARNER if t != first]
+    order = list(dict.fromkeys(([first] if first else []) + ['tests/test_learning.py']))
+    tests = order + [t for t in LEARNER if t not in order
+                     and t != 'tests/test_spec_config.py']
+    if 'tests/test_spec_config.py' not in tests:
+      tests.append('tests/test_spec_config.py')
   return Mutant(name, path, old, new, what, tuple(tests))
 
 
@@ -307,72 +315,23 @@ def apply(scratch: str, m: Mutant) -> tuple:
   return text, line
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--tests_rev', default=None,
-                      help='take tests/ from this commit (the "before" score)')
-  parser.add_argument('--label', default=None, help='results file suffix')
-  parser.add_argument('--only', default='', help='comma-separated mutant names')
-  parser.add_argument('--timeout', type=float, default=1200.0)
-  parser.add_argument('--out', default=os.path.join(REPO, 'bench', 'results'))
-  args = parser.parse_args(argv)
-  label = args.label or ('tests_' + args.tests_rev if args.tests_rev else 'current')
-  mutants = [m for m in MUTANTS if not args.only or m.name in args.only.split(',')]
-  unknown = set(filter(None, args.only.split(','))) - {m.name for m in MUTANTS}
-  if unknown:
-    parser.error(f'unknown mutants {sorted(unknown)}')
-  names = [m.name for m in MUTANTS]
-  assert len(names) == len(set(names)), 'duplicate mutant names'
-
-  work = tempfile.mkdtemp(prefix='dreamer-mutants-')
-  scratch = os.path.join(work, 'repo')
-  cache = os.path.join(work, 'jax_cache')
-  os.makedirs(cache)
-  make_scratch(scratch, args.tests_rev)
-  head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO,
-                        capture_output=True, text=True).stdout.strip()
-  # Every mutant must apply, and the unmutated copy must pass its tests.
-  for m in mutants:
-    original, _ = apply(scratch, m)
-    with open(os.path.join(scratch, m.path), 'w') as f:
-      f.write(original)
-  union = []
-  for m in mutants:
-    union += [t for t in m.tests if t not in union]
-  ok, why, secs = run_tests(scratch, union, cache, args.timeout)
-  baseline = {' '.join(union): round(secs, 1)}
-  print(f'unmutated, {len(union)} files: {"pass" if ok else why} ({secs:.0f} s)',
-        flush=True)
-  if not ok:
-    raise SystemExit(f'the unmutated tree fails its tests: {why}')
-
-  rows = []
-  for m in mutants:
-    original, line = apply(scratch, m)
-    load = _load()[0]
-    try:
-      ok, failing, secs = run_tests(scratch, m.tests, cache, args.timeout)
-    finally:
-      with open(os.path.join(scratch, m.path), 'w') as f:
-        f.write(original)
-    row = dict(name=m.name, where=f'{m.path}:{line}', what=m.what,
-               old=m.old, new=m.new, caught=not ok, caught_by=failing,
-               seconds=round(secs, 1), load=round(load, 2))
-    rows.append(row)
-    print(f'{m.name:32s} {"CAUGHT " if not ok else "SURVIVED"} {secs:6.0f} s '
-          f'load {load:.1f}  {failing or ""}', flush=True)
-
+def write(out, label, head, tests_rev, baseline, rows):
+  """Writes mutants_<label>.json and .md (in the MUTANTS order); returns the
+  number caught."""
+  order = {m.name: i for i, m in enumerate(MUTANTS)}
+  rows = sorted(rows, key=lambda r: order.get(r['name'], len(order)))
   caught = sum(r['caught'] for r in rows)
-  result = dict(label=label, code=head, tests_rev=args.tests_rev or 'working tree',
-                caught=caught, total=len(rows), unmutated_seconds=baseline,
-                cpus=os.cpu_count(), rows=rows)
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, f'mutants_{label}.json'), 'w') as f:
+  result = dict(label=label, code=head, tests_rev=tests_rev or 'working tree',
+                caught=caught, total=len(rows), listed=len(MUTANTS),
+                unmutated_seconds=baseline, cpus=os.cpu_count(), rows=rows)
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, f'mutants_{label}.json'), 'w') as f:
     json.dump(result, f, indent=1)
-  with open(os.path.join(args.out, f'mutants_{label}.md'), 'w') as f:
-    f.write(f'# Mutation score: {caught} / {len(rows)} caught\n\n'
+  with open(os.path.join(out, f'mutants_{label}.md'), 'w') as f:
+    f.write(f'# Mutation score: {caught} / {len(rows)} caught '
+            f'({len(rows)} of the {len(MUTANTS)} listed mutants run)\n\n'
             f'Code at {head}, tests from {result["tests_rev"]}; '
-            f'`python bench/mutants.py{" --tests_rev=" + args.tests_rev if args.tests_rev else ""}`. '
+            f'`python bench/mutants.py{" --tests_rev=" + tests_rev if tests_rev else ""}`. '
             f'Seconds are wall time of `pytest -x` on the mutant\'s test files '
             f'(shared JAX cache), on a {os.cpu_count()}-core machine with the '
             f'1-minute load shown.\n\n'
@@ -382,6 +341,76 @@ def main(argv=None):
       by = f'`{r["caught_by"]}`' if r['caught'] else '**survived**'
       f.write(f'| {r["name"]} | {r["where"]} | {r["what"]} | {by} | '
               f'{r["seconds"]:.0f} | {r["load"]:.1f} |\n')
+  return caught
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--tests_rev', default=None,
+                      help='take tests/ from this commit (the "before" score)')
+  parser.add_argument('--label', default=None, help='results file suffix')
+  parser.add_argument('--only', default='', help='comma-separated mutant names')
+  parser.add_argument('--timeout', type=float, default=1200.0)
+  parser.add_argument('--out', default=os.path.join(REPO, 'bench', 'results'))
+  parser.add_argument('--resume', action='store_true',
+                      help='keep the rows of an earlier run with this label')
+  args = parser.parse_args(argv)
+  label = args.label or ('tests_' + args.tests_rev if args.tests_rev else 'current')
+  mutants = [m for m in MUTANTS if not args.only or m.name in args.only.split(',')]
+  unknown = set(filter(None, args.only.split(','))) - {m.name for m in MUTANTS}
+  if unknown:
+    parser.error(f'unknown mutants {sorted(unknown)}')
+  names = [m.name for m in MUTANTS]
+  assert len(names) == len(set(names)), 'duplicate mutant names'
+  json_path = os.path.join(args.out, f'mutants_{label}.json')
+  rows, baseline = [], {}
+  if args.resume and os.path.exists(json_path):
+    with open(json_path) as f:
+      earlier = json.load(f)
+    rows, baseline = earlier['rows'], earlier['unmutated_seconds']
+  done = {r['name'] for r in rows}
+
+  work = tempfile.mkdtemp(prefix='dreamer-mutants-')
+  scratch = os.path.join(work, 'repo')
+  cache = os.path.join(work, 'jax_cache')
+  os.makedirs(cache)
+  make_scratch(scratch, args.tests_rev)
+  head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO,
+                        capture_output=True, text=True).stdout.strip()
+  # Every mutant must apply, and the unmutated copy must pass its tests
+  # (checked once per label; --resume keeps the earlier check).
+  for m in mutants:
+    original, _ = apply(scratch, m)
+    with open(os.path.join(scratch, m.path), 'w') as f:
+      f.write(original)
+  if not baseline:
+    union = []
+    for m in mutants:
+      union += [t for t in m.tests if t not in union]
+    ok, why, secs = run_tests(scratch, union, cache, args.timeout)
+    baseline = {' '.join(union): round(secs, 1)}
+    print(f'unmutated, {len(union)} files: {"pass" if ok else why} ({secs:.0f} s)',
+          flush=True)
+    if not ok:
+      raise SystemExit(f'the unmutated tree fails its tests: {why}')
+
+  for m in mutants:
+    if m.name in done:
+      continue
+    original, line = apply(scratch, m)
+    load = _load()[0]
+    try:
+      ok, failing, secs = run_tests(scratch, m.tests, cache, args.timeout)
+    finally:
+      with open(os.path.join(scratch, m.path), 'w') as f:
+        f.write(original)
+    rows.append(dict(name=m.name, where=f'{m.path}:{line}', what=m.what,
+                     old=m.old, new=m.new, caught=not ok, caught_by=failing,
+                     seconds=round(secs, 1), load=round(load, 2)))
+    print(f'{m.name:32s} {"CAUGHT " if not ok else "SURVIVED"} {secs:6.0f} s '
+          f'load {load:.1f}  {failing or ""}', flush=True)
+    write(args.out, label, head, args.tests_rev, baseline, rows)
+  caught = write(args.out, label, head, args.tests_rev, baseline, rows)
   print(f'{caught} / {len(rows)} caught', flush=True)
   shutil.rmtree(work, ignore_errors=True)
 

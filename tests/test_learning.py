@@ -97,76 +97,6 @@ def test_gradient_routing_matrix(tiny_nets, tiny_state, tiny_config, spaces):
     assert got == ROUTING[term], (name, got)
 
 
-def test_train_step_compiles_once_and_first_update_noop():
-  """Algorithm J in one jitted update; lr_0 = 0 leaves params unchanged (4.7)."""
-  # The shared model on cartpole_swingup's spaces (tests/smoke_model.py): the
-  # update test_env_loop compiles, so the session's cache serves it here.
-  from agent import config as config_lib
-  tiny_config = config_lib.make_config(**SMOKE_MODEL)
-  spaces = CARTPOLE_SPACES
-  ts = learning.make_train_step(networks.make_networks(spaces, tiny_config))
-  state = ts.init(jax.random.PRNGKey(0))
-  before = jax.tree_util.tree_map(np.asarray, state.params)
-  state, metrics, outs = ts.update(state, _batch(tiny_config, spaces, 0))
-  after = jax.tree_util.tree_map(np.asarray, state.params)
-  jax.tree_util.tree_map(np.testing.assert_array_equal, before, after)
-  assert float(metrics['skipped_update']) == 0 and int(state.step) == 1
-  c = tiny_config
-  assert outs['deter'].shape == (c.batch_size, c.batch_length, c.deter)
-  assert outs['stoch'].shape == (c.batch_size, c.batch_length, c.stoch)
-  assert outs['stoch'].dtype == jnp.uint8
-  for seed in (1, 2):
-    state, metrics, outs = ts.update(state, _batch(tiny_config, spaces, seed))
-  assert ts.update._cache_size() == 1
-  assert np.isfinite(float(metrics['loss/total']))
-  # Slow critic: EMA of the value params after each step (spec 3.18).
-  val = learning.val_params(state.params)
-  assert set(val) == set(state.slow_params)
-
-  # NaN in a batch: the update is skipped and flagged, nothing changes.
-  bad = _batch(tiny_config, spaces, 3)
-  bad['reward'][0, 3] = np.nan
-  prev = jax.tree_util.tree_map(np.asarray, (state.params, state.opt_state))
-  state, metrics, _ = ts.update(state, bad)
-  assert float(metrics['skipped_update']) == 1 and float(metrics['nonfinite_batch']) == 1
-  jax.tree_util.tree_map(np.testing.assert_array_equal, prev,
-                         jax.tree_util.tree_map(np.asarray, (state.params, state.opt_state)))
-  assert int(state.step) == 3
-  assert ts.update._cache_size() == 1
-
-
-def test_check_batch_names_bad_key(tiny_config, spaces):
-  """Bad input: wrong shape, dtype or missing key -> ValueError naming the key."""
-  good = _batch(tiny_config, spaces)
-  learning.check_batch(good, spaces, tiny_config)
-  bad = _batch(tiny_config, spaces); bad['observation']['height'] = np.zeros((2, 9, 2), np.float32)
-  with pytest.raises(ValueError, match='observation/height'):
-    learning.check_batch(bad, spaces, tiny_config)
-  bad = _batch(tiny_config, spaces); bad['reward'] = bad['reward'].astype(np.float64)
-  with pytest.raises(ValueError, match='reward.*float64'):
-    learning.check_batch(bad, spaces, tiny_config)
-  bad = _batch(tiny_config, spaces); del bad['latent']['stoch']
-  with pytest.raises(ValueError, match='latent/stoch'):
-    learning.check_batch(bad, spaces, tiny_config)
-
-
-def test_bfloat16_compute_runs(spaces):
-  """spec 1.12 / OQ 10: bf16 compute (f32 params, losses and optimizer state)."""
-  from agent import config as config_lib
-  c = config_lib.make_config(size='tiny', batch_size=2, batch_length=8, imag_horizon=3,
-                             compute_dtype='bfloat16')
-  nets = networks.make_networks(spaces, c)
-  ts = learning.make_train_step(nets)
-  state = ts.init(jax.random.PRNGKey(0))
-  state, metrics, outs = ts.update(state, _batch(c, spaces))
-  assert np.isfinite(float(metrics['loss/total']))
-  assert all(v.dtype == jnp.float32 for d in state.params.values() for v in d.values())
-  assert outs['deter'].dtype == jnp.uint16   # bf16 bits: lossless for bf16 compute
-  W = nets.weights(state.params)
-  tokens = nets.encode(W, {k: jnp.zeros((1,) + s) for k, s in spaces.obs.items()})
-  assert tokens.dtype == jnp.bfloat16
-
-
 # spec 4.1 loss scales, typed in (not read from the config under test); each
 # decoder key is its own 'rec' term with scale 1.0.
 SPEC_LOSS_SCALES = {'dyn': 1.0, 'rep': 0.1, 'rew': 1.0, 'con': 1.0,
@@ -251,3 +181,73 @@ def test_losses_and_gradients_match_literal_reference(spaces, discrete, start_fr
       np.testing.assert_allclose(g_fast[path][name], ref_g, rtol=1e-3,
                                  atol=1e-3 * np.abs(ref_g).max() + 1e-9,
                                  err_msg=f'{path}/{name}')
+
+
+def test_train_step_compiles_once_and_first_update_noop():
+  """Algorithm J in one jitted update; lr_0 = 0 leaves params unchanged (4.7)."""
+  # The shared model on cartpole_swingup's spaces (tests/smoke_model.py): the
+  # update test_env_loop compiles, so the session's cache serves it here.
+  from agent import config as config_lib
+  tiny_config = config_lib.make_config(**SMOKE_MODEL)
+  spaces = CARTPOLE_SPACES
+  ts = learning.make_train_step(networks.make_networks(spaces, tiny_config))
+  state = ts.init(jax.random.PRNGKey(0))
+  before = jax.tree_util.tree_map(np.asarray, state.params)
+  state, metrics, outs = ts.update(state, _batch(tiny_config, spaces, 0))
+  after = jax.tree_util.tree_map(np.asarray, state.params)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, before, after)
+  assert float(metrics['skipped_update']) == 0 and int(state.step) == 1
+  c = tiny_config
+  assert outs['deter'].shape == (c.batch_size, c.batch_length, c.deter)
+  assert outs['stoch'].shape == (c.batch_size, c.batch_length, c.stoch)
+  assert outs['stoch'].dtype == jnp.uint8
+  for seed in (1, 2):
+    state, metrics, outs = ts.update(state, _batch(tiny_config, spaces, seed))
+  assert ts.update._cache_size() == 1
+  assert np.isfinite(float(metrics['loss/total']))
+  # Slow critic: EMA of the value params after each step (spec 3.18).
+  val = learning.val_params(state.params)
+  assert set(val) == set(state.slow_params)
+
+  # NaN in a batch: the update is skipped and flagged, nothing changes.
+  bad = _batch(tiny_config, spaces, 3)
+  bad['reward'][0, 3] = np.nan
+  prev = jax.tree_util.tree_map(np.asarray, (state.params, state.opt_state))
+  state, metrics, _ = ts.update(state, bad)
+  assert float(metrics['skipped_update']) == 1 and float(metrics['nonfinite_batch']) == 1
+  jax.tree_util.tree_map(np.testing.assert_array_equal, prev,
+                         jax.tree_util.tree_map(np.asarray, (state.params, state.opt_state)))
+  assert int(state.step) == 3
+  assert ts.update._cache_size() == 1
+
+
+def test_check_batch_names_bad_key(tiny_config, spaces):
+  """Bad input: wrong shape, dtype or missing key -> ValueError naming the key."""
+  good = _batch(tiny_config, spaces)
+  learning.check_batch(good, spaces, tiny_config)
+  bad = _batch(tiny_config, spaces); bad['observation']['height'] = np.zeros((2, 9, 2), np.float32)
+  with pytest.raises(ValueError, match='observation/height'):
+    learning.check_batch(bad, spaces, tiny_config)
+  bad = _batch(tiny_config, spaces); bad['reward'] = bad['reward'].astype(np.float64)
+  with pytest.raises(ValueError, match='reward.*float64'):
+    learning.check_batch(bad, spaces, tiny_config)
+  bad = _batch(tiny_config, spaces); del bad['latent']['stoch']
+  with pytest.raises(ValueError, match='latent/stoch'):
+    learning.check_batch(bad, spaces, tiny_config)
+
+
+def test_bfloat16_compute_runs(spaces):
+  """spec 1.12 / OQ 10: bf16 compute (f32 params, losses and optimizer state)."""
+  from agent import config as config_lib
+  c = config_lib.make_config(size='tiny', batch_size=2, batch_length=8, imag_horizon=3,
+                             compute_dtype='bfloat16')
+  nets = networks.make_networks(spaces, c)
+  ts = learning.make_train_step(nets)
+  state = ts.init(jax.random.PRNGKey(0))
+  state, metrics, outs = ts.update(state, _batch(c, spaces))
+  assert np.isfinite(float(metrics['loss/total']))
+  assert all(v.dtype == jnp.float32 for d in state.params.values() for v in d.values())
+  assert outs['deter'].dtype == jnp.uint16   # bf16 bits: lossless for bf16 compute
+  W = nets.weights(state.params)
+  tokens = nets.encode(W, {k: jnp.zeros((1,) + s) for k, s in spaces.obs.items()})
+  assert tokens.dtype == jnp.bfloat16
