@@ -23,24 +23,44 @@ def test_reward_and_value_exactly_zero_at_init(tiny_nets, tiny_state):
   assert np.all(np.asarray(dists.twohot_pred(tiny_nets.value_logits(slow, feat))) == 0)
 
 
-def test_free_bits_per_step_after_latent_sum(tiny_nets, tiny_state, tiny_config, spaces):
-  """spec 2.14: dyn = rep = max(sum_latents KL, 1) per (b, t)."""
+@pytest.mark.parametrize('logit_scale', [1.0, 0.03])
+def test_free_bits_per_step_after_latent_sum(tiny_nets, tiny_state, tiny_config, spaces,
+                                             logit_scale):
+  """spec 2.14: dyn = rep = max(sum_latents KL, 1) per (b, t), in value and in
+  gradient: below 1 nat (posterior and prior logits scaled down) both terms
+  are exactly 1 and give no gradient. The KL is the reference's
+  (tests/reference_losses.py) on the posterior logits and deter of the scan."""
+  from tests import reference_losses as ref
   c = tiny_config
   b = _batch(c, spaces)
-  W = tiny_nets.weights(tiny_state.params)
+  params = {k: ({n: v * logit_scale for n, v in d.items()}
+                if k.endswith(('obslogit', 'priorlogit')) else d)
+            for k, d in tiny_state.params.items()}
   d0, s0 = latents.unpack(jax.tree_util.tree_map(lambda x: x[:, 0], b['latent']), c)
   obs = {k: v[:, 1:] for k, v in b['observation'].items()}
   key = jax.random.PRNGKey(5)
-  losses, _, _ = world_model.world_model_loss(
-      tiny_nets, W, rssm.Latent(d0, s0), obs, b['action'][:, :-1], b['reward'][:, 1:],
-      b['is_first'][:, 1:], b['is_terminal'][:, 1:], key)
-  tokens = tiny_nets.encode(W, obs)
-  deter, _, post = rssm.observe(W['dyn'], rssm.Latent(d0, s0), tokens, b['action'][:, :-1],
-                                b['is_first'][:, 1:], key, c)
-  kl = dists.onehot_kl(post, rssm.prior_logits(W['dyn'], deter, c), c.unimix)
+
+  def wm(p):
+    return world_model.world_model_loss(
+        tiny_nets, tiny_nets.weights(p), rssm.Latent(d0, s0), obs, b['action'][:, :-1],
+        b['reward'][:, 1:], b['is_first'][:, 1:], b['is_terminal'][:, 1:], key)
+
+  losses, (deter, _), _ = jax.jit(wm)(params)
+  W = tiny_nets.weights(params)
+  _, _, post = rssm.observe(W['dyn'], rssm.Latent(d0, s0), tiny_nets.encode(W, obs),
+                            b['action'][:, :-1], b['is_first'][:, 1:], key, c)
+  kl = np.asarray(ref.kl_latent_sum(post, ref.prior(params, deter, 32, c.classes)))
   assert losses['dyn'].shape == (c.batch_size, c.batch_length)
   np.testing.assert_allclose(losses['dyn'], np.maximum(kl, 1.0), rtol=1e-5)
   np.testing.assert_allclose(losses['rep'], np.maximum(kl, 1.0), rtol=1e-5)
+  if logit_scale < 1:
+    assert (kl < 1.0).all() and (kl > 0).any(), kl
+    grads = jax.jit(lambda p: [jax.grad(lambda q, t=t: jnp.sum(wm(q)[0][t]))(p)
+                               for t in ('dyn', 'rep')])(params)
+    for term, g in zip(('dyn', 'rep'), grads):
+      assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree_util.tree_leaves(g)), term
+  else:
+    assert (kl > 1.0).all(), kl
 
 
 # spec 4.2 routing matrix. Groups: RSSM core / prior MLP / posterior layers.
