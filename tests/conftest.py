@@ -1,4 +1,6 @@
 """Shared fixtures. `import agent` first: it installs the jax aliases acme needs."""
+import os
+
 import agent  # noqa: F401
 import jax
 import pytest
@@ -42,7 +44,11 @@ def jax_cache_dir(tmp_path_factory):
   Only compiles of >= 1 s are stored, as
   ``experiments.run.config.enable_compilation_cache`` does. With
   tests/smoke_model.py, one update compile serves six modules."""
-  path = str(tmp_path_factory.mktemp('jax_cache'))
+  # DREAMER_TEST_JAX_CACHE names a directory to keep across sessions (the
+  # mutation runs of bench/mutants.py share one, so a program a mutant does
+  # not change is compiled once for all of them).
+  path = os.environ.get('DREAMER_TEST_JAX_CACHE') or str(
+      tmp_path_factory.mktemp('jax_cache'))
   jax.config.update('jax_compilation_cache_dir', path)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)
   return path

@@ -3,9 +3,11 @@
 Fast tests build the lp.Program without launching it and exercise the pieces
 the nodes are made of (worker-offset adders, the prefetching ReplayIterator,
 SyncedCounter) on an
-in-process Reverb server. The slow test launches the real local_mp program
-(tiny model, 2 actors) as a subprocess: it must train, checkpoint, stop by the
-step limiter and leave no process behind.
+in-process Reverb server. One test of the default suite launches the real
+local_mp program (Reverb, learner, 2 actors, evaluator, counter, step
+limiter; the shared smoke model and the session's compilation cache) as a
+subprocess: it must train, checkpoint, stop by the step limiter and leave no
+process behind. The Ctrl-C and resume run is slow.
 """
 
 import agent  # noqa: F401  (jax compat before acme)
@@ -199,7 +201,7 @@ def test_replay_iterator_prefetch_overlays_latest_write_back(replay):
   second = next(it)
   assert (second['latent']['deter'] == 7.0).all()
   assert (second['latent']['stoch'] == 1).all()
-  assert it.batches == 2 and it.wait_s >= 0.0
+  assert it.batches == 2
   it.close()
 
 
@@ -256,7 +258,7 @@ def test_synced_counter_batches_and_flushes():
   assert parent.counter.get_counts() == {'actor_steps': 12, 'env_steps': 20}
 
 
-# --- the real program (slow) ---------------------------------------------------------
+# --- the real program ---------------------------------------------------------
 
 
 def _alive(pid, created):
@@ -316,14 +318,17 @@ def _rows(logdir, kind='train'):
   return [r for r in rows if r.get('kind') == kind]
 
 
-@pytest.mark.slow
-def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path):
-  """2 actors, tiny model: updates, a checkpoint, the step limiter stops the
-  program, and no node process outlives the launcher."""
+def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path, smoke_flags):
+  """A real Launchpad local_mp program in the default suite: Reverb, counter,
+  learner, 2 actors, evaluator and step limiter as processes (tiny shared
+  model, the session's compilation cache). It trains, checkpoints, stops by
+  the step limiter (with a final checkpoint and evaluation) and no node
+  process outlives the launcher."""
   logdir = str(tmp_path / 'run')
   t0 = time.monotonic()
   code, out, pids = _run_launcher(logdir, '--env_steps=500',
-                                  '--checkpoint_every=3')
+                                  '--checkpoint_every=3', *smoke_flags,
+                                  timeout=420)
   elapsed = time.monotonic() - t0
   assert code == 0, out[-4000:]
   assert '[done]' in out, out[-4000:]                 # the step limiter's stop
@@ -344,9 +349,10 @@ def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path):
   rows = _rows(logdir)
   assert rows and rows[-1]['updates'] == state['learner']['updates']
   last = rows[-1]
-  # The limiter keeps samples x T / inserts at train_ratio after the fill.
+  # The limiter keeps samples x T / inserts at train_ratio (16) after the fill.
   assert abs(last['replay/ratio_after_fill'] / 16.0 - 1) < 0.1, last
-  assert _rows(logdir, 'eval')                       # final evaluation ran
+  evals = _rows(logdir, 'eval')                      # final evaluation ran
+  assert evals, out[-4000:]
   print(f'local_mp test: {elapsed:.0f}s, {last["updates"]} updates, ratio '
         f'after fill {last["replay/ratio_after_fill"]:.2f}')
 

@@ -164,20 +164,20 @@ def _rows(logdir, kind='train'):
     return [r for r in map(json.loads, f) if r.get('kind') == kind]
 
 
-@pytest.mark.slow
-def test_unstable_run_reports_skips_and_stops_without_bad_checkpoint(tmp_path):
+def test_unstable_run_reports_skips_and_stops_without_bad_checkpoint(
+    tmp_path, smoke_flags):
   """lr 1e30: the updates after the first applied one are all skipped; the
   train rows show them, and after 5 in a row the run stops (exit 3) naming
   the count and the last checkpoint, whose params are finite.
 
-  Slow: 35 s of CPU (mostly compiling the update), 63-87 s wall beside other
-  work on 2 cores; the default suite has the rule and the writer's guard as
-  unit tests above."""
+  The shared smoke model (batch 2, horizon 4) and the session's cache: the
+  update still compiles once for its own lr, most of this run's time."""
   logdir = str(tmp_path / 'run')
   out = subprocess.run(
       [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
        '--eval_episodes=0', '--noreport', '--log_every=20',
-       '--checkpoint_every=1', '--max_skipped_updates=5', *UNSTABLE],
+       '--checkpoint_every=1', '--max_skipped_updates=5', *UNSTABLE,
+       *smoke_flags],
       cwd=REPO, capture_output=True, text=True, timeout=300,
       env={**os.environ, 'PYTHONUNBUFFERED': '1'})
   assert out.returncode == 3, out.stderr[-3000:]
@@ -188,8 +188,10 @@ def test_unstable_run_reports_skips_and_stops_without_bad_checkpoint(tmp_path):
   assert len(kept) == 1, kept
   assert f'The last good checkpoint: {kept[0]} (update' in out.stderr
   rows = _rows(logdir)
-  assert any(r.get('train/skipped_update') == 1.0 for r in rows), rows
-  assert rows[-1]['learner/skip_streak'] == 5, rows[-1]   # the row at the stop
+  # The row at the stop: its window holds the applied update and the 5
+  # skipped ones after it.
+  assert rows[-1]['train/skipped_update'] > 0, rows[-1]
+  assert rows[-1]['learner/skip_streak'] == 5, rows[-1]
   assert rows[-1]['learner/skipped_updates'] >= 5
   state = rundir.read_learner_state(kept[0])
   rundir.check_finite_state(state, kept[0], logdir)      # finite params

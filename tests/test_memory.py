@@ -3,6 +3,8 @@ large temporary buffer instead of faulting in fresh pages each time."""
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r'''
 import resource, statistics, agent, jax, jax.numpy as jnp
 from agent import memory
@@ -25,6 +27,7 @@ def _faults(env_extra):
   return out[0] == 'True', float(out[1])
 
 
+@pytest.mark.slow
 def test_tuned_malloc_avoids_page_faults_per_run():
   """The system allocator faults in the ~16K pages of the temporaries on every
   run; the tuned one reuses them (median < 500 faults per run).
@@ -33,7 +36,10 @@ def test_tuned_malloc_avoids_page_faults_per_run():
   (memory-pressure pageout), which shows as faults that have nothing to do
   with the allocator. So the tuned process is measured up to three times and
   its best median counts; the system allocator must fault on every attempt's
-  median (it unmaps the buffer after each run, whatever the load)."""
+  median (it unmaps the buffer after each run, whatever the load).
+
+  Slow (issue 30): page-fault counts depend on the machine's memory
+  pressure, which the default suite cannot control on a shared host."""
   base_applied, base_faults = _faults({'DREAMER_SYSTEM_MALLOC': '1'})
   assert not base_applied
   # 64 MB of temporaries = ~16K pages per run with glibc's defaults. (Median:

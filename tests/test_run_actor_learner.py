@@ -301,28 +301,63 @@ def test_builder_actor_learner_loop_follows_schedule(parts, envs, replay, config
 
 def test_eval_policy_mode_is_deterministic_action(parts, envs):
   """--eval_policy=mode (spec 7.3 option): the builder's eval policy takes the
-  distribution's mode (tanh mean, inside [-1, 1]); training always samples."""
+  distribution's mode, tanh(mean) of the policy head on the step's features
+  (computed here by tests/reference_losses.py, not the project's head); the
+  same inputs give the same action. Training always samples: its actions are
+  not tanh(mean) and leave [-1, 1]. A discrete policy's mode is the argmax."""
+  from tests import reference_losses as ref
   builder, nets, _ = parts
   mode_builder = DreamerBuilder(builder.config, envs.spaces, num_envs=2,
                                 eval_policy='mode')
   assert mode_builder.make_policy(nets)[1] == 'sample'
   assert mode_builder.make_policy(nets, evaluation=True)[1] == 'mode'
   assert builder.make_policy(nets, evaluation=True)[1] == 'sample'
-  params = StaticVariableClient(_params(nets))
-  acts = {}
-  for mode in ('sample', 'mode'):
-    policy, m = (mode_builder.make_policy(nets, evaluation=True) if mode == 'mode'
+  raw = _params(nets)
+  params = StaticVariableClient(raw)
+  acts, gaps, seen = {}, {}, []
+  for mode in ('sample', 'mode', 'mode_again'):
+    policy, m = (mode_builder.make_policy(nets, evaluation=True) if mode != 'sample'
                  else builder.make_policy(nets))
     actor = DreamerActor(policy, envs.spaces, 2, seed_keys(3)['eval'], params,
                          mode=m)
     obs = envs.reset().observation
-    out = []
-    for _ in range(40):
+    out, gap = [], []
+    for t in range(40):
+      if mode == 'mode_again':          # the same observations again
+        obs = seen[t]
       out.append(actor.select_action(obs))
+      carry = actor._carry
+      feat = np.concatenate([np.asarray(carry.deter), np.asarray(carry.stoch)], -1)
+      _, mean, _ = ref.policy(raw, feat, discrete=False)
+      gap.append(np.abs(out[-1] - np.asarray(mean)).max())
+      if mode == 'mode':
+        seen.append(obs)
       obs = envs.step(out[-1], reset=obs['is_last']).observation
-    acts[mode] = np.stack(out)
+    acts[mode], gaps[mode] = np.stack(out), max(gap)
+  assert gaps['mode'] < 1e-5, gaps
+  np.testing.assert_array_equal(acts['mode'], acts['mode_again'])
+  assert gaps['sample'] > 0.1, gaps
   assert (np.abs(acts['sample']) > 1).any()
   assert (np.abs(acts['mode']) <= 1).all()
+  # Discrete: the mode is the one-hot argmax of the (unimixed) logits.
+  from agent import networks, synthetic
+  dspaces = synthetic.EnvSpaces(obs=dict(envs.spaces.obs), act_dim=3, discrete=True)
+  dnets = networks.make_networks(dspaces, builder.config)
+  dparams = acting.acting_params(dnets.init(jax.random.PRNGKey(1)))
+  dpolicy = acting.make_policy(dnets)
+  carry = dpolicy.initial_carry(2)
+  obs = envs.reset().observation
+  step = jax.jit(dpolicy.step, static_argnames='mode')
+  for i in range(5):
+    obs_v = {k: obs[k] for k in dspaces.obs}
+    first = np.asarray(obs['is_first'])
+    carry, action, _ = step(dparams, carry, obs_v, first, jax.random.PRNGKey(i),
+                            mode='mode')
+    feat = np.concatenate([np.asarray(carry.deter), np.asarray(carry.stoch)], -1)
+    _, logp = ref.policy(dparams, feat, discrete=True)
+    want = np.eye(3)[np.argmax(np.asarray(logp), -1)]
+    np.testing.assert_array_equal(np.asarray(action), want)
+    obs = envs.step(np.ones((2, 1)) * 0.1, reset=obs['is_last']).observation
   with pytest.raises(ValueError, match='policy mode'):
     DreamerActor(acting.make_policy(nets), envs.spaces, 2, seed_keys(0)['eval'],
                  params, mode='greedy')
