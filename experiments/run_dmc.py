@@ -13,7 +13,7 @@ acme's EnvironmentLoop, Algorithm K); with it, a Launchpad program
 (experiments/layouts/distributed/); with --join, a remote actor of such a
 program running elsewhere (experiments/layouts/distributed/join/); with
 --learner_peer, one of its learner processes on another host
-(experiments/layouts/distributed/learner_peer.py). Flags
+(experiments/layouts/distributed/remote_peers.py). Flags
 and their checks:
 experiments/options.py. ``train(env_factory, ...)`` below runs your own
 environment with the same flags.

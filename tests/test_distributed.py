@@ -146,12 +146,14 @@ def _steps(config, workers, n):
 @pytest.fixture
 def replay():
   from agent.builder import DreamerBuilder
-  from reverb_tables.tables import make_server
+  from reverb_tables.tables import make_replay_tables, make_server
   config = make_config(size='tiny', batch_size=4, batch_length=8,
                        replay_capacity=10_000, latent_store_dtype='float32',
                        train_fill=4)
   builder = DreamerBuilder(config, SPACES, num_envs=4)
-  server = make_server(builder.make_replay_tables())
+  # Only inserts here, no learner to sample: no rate limit ('min_size').
+  server = make_server(make_replay_tables(builder.step_spec, config,
+                                          'min_size'))
   client = server.localhost_client()
   yield config, builder, client
   server.stop()

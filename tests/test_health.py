@@ -40,7 +40,8 @@ def _ckpt(logdir, steps, updates):
   os.makedirs(path)
   state = rundir.make_run_state(
       mode='single_process', segment=0, counts={}, counter={},
-      learner={k: 0 for k in rundir.LEARNER_KEYS} | {'updates': updates},
+      learner={k: 0 for k in rundir.LEARNER_KEYS +
+                 rundir.ONE_PROCESS_LEARNER_KEYS} | {'updates': updates},
       actors=[], evaluator=None, recent_scores=[])
   with open(os.path.join(path, rundir.RUN_STATE_FILE), 'w') as f:
     json.dump(state, f)
@@ -139,7 +140,8 @@ def test_checkpoint_writer_refuses_non_finite_state_and_keeps_the_last(tmp_path)
   before = sorted(os.listdir(rundir.checkpoint_root(str(tmp_path))))
   run_state = rundir.make_run_state(
       mode='single_process', segment=0, counts={}, counter={},
-      learner={k: 0 for k in rundir.LEARNER_KEYS}, actors=[], evaluator=None,
+      learner={k: 0 for k in rundir.LEARNER_KEYS +
+               rundir.ONE_PROCESS_LEARNER_KEYS}, actors=[], evaluator=None,
       recent_scores=[])
   with pytest.raises(rundir.CheckpointError) as e:
     rundir.write_checkpoint(str(tmp_path), 96, reverb_path='unused',

@@ -25,7 +25,7 @@ from absl import flags
 
 from experiments import options
 from experiments.layouts.distributed.addresses import parse_address
-from experiments.layouts.distributed.join import remote, wire
+from experiments.layouts.distributed.join import remote
 from experiments.layouts.distributed.join.slots import (
     EPISODE_BURST, EPISODE_RATE, JoinSlots)
 from experiments.run import rundir

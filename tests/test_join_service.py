@@ -26,6 +26,7 @@ from agent import acting
 from agent.config import make_config
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.join import remote, wire
+from experiments.layouts import stopping
 from experiments.layouts.distributed import program as program_lib
 from experiments.layouts.distributed.secret import SECRET_FILE, read_secret
 from experiments.layouts.distributed.settings import (
@@ -81,7 +82,7 @@ def program(tmp_path_factory):
   thread = threading.Thread(target=service.run, daemon=True)
   thread.start()
   yield spec, service, replay, counter
-  open(spec.learner_done_path, 'w').close()
+  stopping.mark_learner_done(spec.launch_dir)
   service.stop()
   thread.join(30)
   server.stop()

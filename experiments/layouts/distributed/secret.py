@@ -5,7 +5,7 @@ A program with join slots or remote learner processes makes a per-run secret
 ``--join_secret_file`` names): created with mode 0600, never overwritten,
 reused by every launch of the run. Remote actors prove they hold it to the
 join service (``join/wire.py``); the remote learner processes' settings file
-is authenticated with it (``learner_peer.py``).
+is authenticated with it (``remote_peers.py``).
 
 Handing it to another host: with a shared file system, ``--join=<run
 directory>`` reads it there; else copy the file (``scp``, mode 0600) and
