@@ -20,9 +20,14 @@ float32 on the CPU) and log by UPDATE COUNT: each writes, per 50 updates, the
 means of its metrics over exactly those updates (ours: `--learner_log_every`,
 rows of kind 'learner'; the official: bench/parity_official.py wrapping its
 `Agent.train`, in its own venv). `compare` re-bins both into 250-update windows
-(means weighted by updates), maps the metric names once (METRICS), and checks
-issue 19's acceptance at every 500 updates: ours' seed mean inside the official
-seeds' [min, max] widened by max(10 % of |official mean|, official spread).
+(means weighted by updates), maps the metric names once (METRICS, plus one
+`loss/rec_<key>` per observation key), and checks issue 19's acceptance at
+every 500 updates: ours' seed mean inside the official seeds' [min, max]
+widened by max(10 % of |official mean|, official spread). It also tests each
+(metric, check) pair statistically (issue 32): Welch's t-test of ours' seeds
+against the official's (`scipy.stats.ttest_ind(equal_var=False)`), the
+p-values Holm-corrected over every check of the comparison; a pair is
+significant when its Holm-adjusted p is below ALPHA.
 
 Variants of ours:
   official_oq  the official code's choices for OQ 6 / OQ 7
@@ -61,6 +66,7 @@ SETTINGS = dict(size='size1m', batch_size=16, batch_length=32, train_ratio=128,
 ROW_EVERY = 50        # updates per logged row (both sides)
 BIN = 250             # updates per compared window
 CHECK_EVERY = 500     # acceptance rows
+ALPHA = 0.05          # family-wise error rate of the Holm-corrected Welch tests
 
 VARIANTS = {
     'official_oq': {'start_from_data': 'False', 'outscale_dec': '1.0'},
@@ -291,6 +297,42 @@ def band(official: np.ndarray):
   return mean, mn - widen, mx + widen
 
 
+def welch(ours: np.ndarray, official: np.ndarray):
+  """Welch's unequal-variance t-test of two seed samples: (t, two-sided p).
+
+  Non-finite values (a seed without rows in the window) are dropped. NaN
+  where the test is undefined: fewer than 2 seeds on a side, or no variance
+  on either side (e.g. a metric pinned at a constant, like ret_scale = 1).
+  """
+  from scipy import stats
+  a = np.asarray(ours, float)
+  b = np.asarray(official, float)
+  a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+  if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+    return math.nan, math.nan
+  r = stats.ttest_ind(a, b, equal_var=False)
+  return float(r.statistic), float(r.pvalue)
+
+
+def holm(pvalues) -> np.ndarray:
+  """Holm's step-down adjusted p-values, in the input's order.
+
+  With the m finite p-values sorted ascending, p_(1) <= ... <= p_(m), the
+  adjusted p_(k) is max over j <= k of min(1, (m - j + 1) p_(j)); rejecting
+  where it is below alpha holds the family-wise error rate at alpha. NaN
+  entries (tests not performed) stay NaN and do not count in m.
+  """
+  p = np.asarray(pvalues, float)
+  out = np.full(p.shape, np.nan)
+  finite = np.flatnonzero(np.isfinite(p))
+  m = len(finite)
+  running = 0.0
+  for k, i in enumerate(finite[np.argsort(p[finite], kind='stable')]):
+    running = max(running, min(1.0, (m - k) * p[i]))
+    out[i] = running
+  return out
+
+
 def compare(args):
   runs = load(args.out, args.task, args.length)
   if 'official' not in runs:
@@ -322,10 +364,14 @@ def compare(args):
              'band_lo': [float(lo[i]) for i in checks],
              'band_hi': [float(hi[i]) for i in checks]}
     entry['inside'] = [bool(lo[i] <= ours[i] <= hi[i]) for i in checks]
+    tests = [welch(data[args.ours][n][:, i], off[n][:, i]) for i in checks]
+    entry['welch_t'] = [t for t, _ in tests]
+    entry['welch_p'] = [p for _, p in tests]
     report['metrics'][n] = entry
     outside += [(n, int(centers[i]), float(ours[i]), float(lo[i]), float(hi[i]))
                 for i in checks if not lo[i] <= ours[i] <= hi[i]]
   report['outside'] = outside
+  report['stats'] = holm_family(report['metrics'])
   tag = f'{args.task}_{args.ours}_{args.length}'
   with open(os.path.join(args.out, f'compare_{tag}.json'), 'w') as f:
     json.dump(report, f, indent=1)
@@ -333,27 +379,64 @@ def compare(args):
   print(f'\n{len(outside)} (metric, update) checks outside the band:')
   for n, u, v, lo, hi in outside:
     print(f'  {n} @ {u}: ours {v:.4g}, band [{lo:.4g}, {hi:.4g}]')
+  st = report['stats']
+  print(f"\nWelch t-tests: {st['tests']} (metric, update) checks with a p-value "
+        f"({st['untested']} untested); smallest raw p {st['min_p']:.3g} "
+        f"({st['min_p_at'][0]} @ {st['min_p_at'][1]}); smallest Holm-adjusted p "
+        f"{st['min_holm_p']:.3g}; {len(st['significant'])} significant after Holm "
+        f"at alpha {st['alpha']}")
+  for n, u, p, ph in st['significant']:
+    print(f'  {n} @ {u}: p {p:.3g}, Holm {ph:.3g}')
   plot(data, names, centers, args.ours,
        os.path.join(args.out, f'compare_{tag}.png'), args.task)
+
+
+def holm_family(metrics: dict) -> dict:
+  """Holm-corrects every (metric, check) Welch p-value of one comparison
+  together (adds 'holm_p' to each metric entry) and summarises the family."""
+  where = [(n, i) for n, e in metrics.items() for i in range(len(e['welch_p']))]
+  adjusted = holm([metrics[n]['welch_p'][i] for n, i in where])
+  for n, e in metrics.items():
+    e['holm_p'] = [math.nan] * len(e['welch_p'])
+  for (n, i), ph in zip(where, adjusted):
+    metrics[n]['holm_p'][i] = float(ph)
+  tested = [(metrics[n]['welch_p'][i], n, metrics[n]['updates'][i], ph)
+            for (n, i), ph in zip(where, adjusted) if np.isfinite(ph)]
+  best = min(tested) if tested else (math.nan, '-', 0, math.nan)
+  return {
+      'alpha': ALPHA, 'tests': len(tested), 'untested': len(where) - len(tested),
+      'min_p': best[0], 'min_p_at': [best[1], best[2]],
+      'min_holm_p': min((t[3] for t in tested), default=math.nan),
+      'significant': [[n, u, p, ph] for p, n, u, ph in sorted(tested, key=lambda t: t[0])
+                      if ph < ALPHA],
+  }
+
+
+def _p(p) -> str:
+  return '-' if not np.isfinite(p) else f'{p:.2g}' if p >= 0.001 else f'{p:.1e}'
 
 
 def table(report, at) -> str:
   lines = [f"### {report['task']}: ours ({report['ours']}, "
            f"{report['seeds'].get(report['ours'], 0)} seeds) against the official "
            f"({report['seeds']['official']} seeds)", '',
-           '| metric | ' + ' | '.join(f'{u} updates: ours / official [min, max]'
-                                      for u in at) + ' |',
-           '|---|' + '---|' * len(at)]
+           '| metric | ' + ' | '.join(f'{u} updates: ours / official [min, max] | '
+                                      f'Welch p | Holm p' for u in at) + ' |',
+           '|---|' + '---|---:|---:|' * len(at)]
   for n, e in report['metrics'].items():
     cells = []
     for u in at:
       if u not in e['updates']:
-        cells.append('-')
+        cells += ['-', '-', '-']
         continue
       i = e['updates'].index(u)
       mark = '' if e['inside'][i] else ' **out**'
       cells.append(f"{e['ours_mean'][i]:.4g} / [{e['official_min'][i]:.4g}, "
                    f"{e['official_max'][i]:.4g}]{mark}")
+      holm_p = e.get('holm_p', [math.nan] * len(e['updates']))[i]
+      sig = ' **sig**' if np.isfinite(holm_p) and holm_p < ALPHA else ''
+      cells += [_p(e.get('welch_p', [math.nan] * len(e['updates']))[i]),
+                _p(holm_p) + sig]
     lines.append(f'| {n} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
