@@ -34,7 +34,9 @@ Variants of ours:
                (start_from_data=False, outscale_dec=1.0): configs equal.
   defaults     the project's defaults (2411f7d's OQ 6 / OQ 7).
   Extra `--override name=value` switch one more field (e.g. a documented
-  deviation) for a diagnostic run; it becomes part of the run's name.
+  deviation) for a diagnostic run, and `--flag=--name[=value]` passes one
+  more flag to experiments/run_dmc.py (e.g. `--flag=--chunk_length=1`,
+  `--flag=--nolearner_prefetch`); both become part of the run's name.
 
 Each run's JSON (settings, wall time, rows, episode scores) goes to
 bench/results/parity/ (figures, not code; the official source is never
@@ -96,10 +98,16 @@ METRICS = {
 
 # --- running -------------------------------------------------------------------
 
-def run_name(side, task, seed, variant='', overrides=()):
+def run_name(side, task, seed, variant='', overrides=(), flags=()):
   parts = [task, side] + ([variant] if side == 'ours' else [])
-  parts += [o.replace('=', '-') for o in overrides] + [f's{seed}']
+  parts += [o.replace('=', '-') for o in overrides]
+  parts += [flag_tag(f) for f in flags] + [f's{seed}']
   return '_'.join(parts)
+
+
+def flag_tag(flag: str) -> str:
+  """'--chunk_length=1' -> 'chunk_length-1' (a run-name part)."""
+  return flag.lstrip('-').replace('=', '-')
 
 
 def env_steps_for(updates: int) -> int:
@@ -127,7 +135,7 @@ def official_argv(task, seed, logdir):
       '--run.steps', '1e9', '--seed', str(seed), '--logdir', logdir]
 
 
-def ours_argv(task, seed, logdir, updates, variant, overrides):
+def ours_argv(task, seed, logdir, updates, variant, overrides, flags=()):
   s = SETTINGS
   argv = [
       f'--task={task}', f'--size={s["size"]}', f'--train_ratio={s["train_ratio"]}',
@@ -143,7 +151,7 @@ def ours_argv(task, seed, logdir, updates, variant, overrides):
     name, value = o.split('=', 1)
     fields[name] = value
   argv += [f'--config_overrides={k}={v}' for k, v in fields.items()]
-  return argv
+  return argv + list(flags)
 
 
 def _read_jsonl(path):
@@ -154,7 +162,8 @@ def _read_jsonl(path):
 
 
 def run(args) -> str:
-  name = run_name(args.side, args.task, args.seed, args.variant, args.override)
+  flags = list(getattr(args, 'flag', []))
+  name = run_name(args.side, args.task, args.seed, args.variant, args.override, flags)
   logdir = os.path.join(args.workdir, name)
   if os.path.exists(logdir):
     shutil.rmtree(logdir)
@@ -169,7 +178,7 @@ def run(args) -> str:
   else:
     cmd = [sys.executable, os.path.join(ROOT, 'experiments', 'run_dmc.py'),
            *ours_argv(args.task, args.seed, os.path.join(logdir, 'run'),
-                      args.updates, args.variant, args.override)]
+                      args.updates, args.variant, args.override, flags)]
   with open(os.path.join(logdir, 'console.txt'), 'w') as console:
     proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT)
   wall = time.time() - t0
@@ -201,7 +210,7 @@ def run(args) -> str:
   result = {
       'side': args.side, 'task': args.task, 'seed': args.seed,
       'variant': args.variant if args.side == 'ours' else 'official',
-      'overrides': list(args.override), 'updates': args.updates,
+      'overrides': list(args.override), 'flags': flags, 'updates': args.updates,
       'settings': SETTINGS, 'row_every': ROW_EVERY, 'wall_s': round(wall, 1),
       'host_load_1m_at_end': os.getloadavg()[0],
       'command': ' '.join(cmd), 'rows': rows, 'scores': scores,
@@ -284,7 +293,8 @@ def load(out, task, length):
     if r['updates'] < length:
       continue
     key = 'official' if r['side'] == 'official' else '_'.join(
-        [r['variant']] + [o.replace('=', '-') for o in r['overrides']])
+        [r['variant']] + [o.replace('=', '-') for o in r['overrides']]
+        + [flag_tag(f) for f in r.get('flags', [])])
     runs.setdefault(key, []).append(r)
   return runs
 
@@ -503,7 +513,7 @@ def suite(args) -> None:
           print(f'{name}: done, skipped', flush=True)
           continue
     run(argparse.Namespace(
-        side=side, variant=variant, override=[], task=args.task, seed=seed,
+        side=side, variant=variant, override=[], flag=[], task=args.task, seed=seed,
         updates=args.updates, official_python=args.official_python,
         src=args.src, workdir=args.workdir, out=args.out))
 
@@ -527,6 +537,8 @@ def main(argv=None):
   r.add_argument('--variant', choices=sorted(VARIANTS), default='official_oq')
   r.add_argument('--override', action='append', default=[],
                  help='ours: one more DreamerConfig field, name=value')
+  r.add_argument('--flag', action='append', default=[],
+                 help='ours: one more experiments/run_dmc.py flag, --name[=value]')
   r.add_argument('--seed', type=int, default=0)
   q = sub.add_parser('suite')
   training_args(q)
@@ -542,8 +554,12 @@ def main(argv=None):
   c.add_argument('--out', default=OUT)
   args = p.parse_args(argv)
   if args.cmd == 'run':
-    if args.side == 'official' and (args.variant != 'official_oq' or args.override):
-      p.error('--variant / --override apply to ours only')
+    if args.side == 'official' and (args.variant != 'official_oq' or args.override
+                                    or args.flag):
+      p.error('--variant / --override / --flag apply to ours only')
+    for f in args.flag:
+      if not f.startswith('--'):
+        p.error(f'--flag {f!r}: expected --name[=value]')
     for o in args.override:
       if '=' not in o:
         p.error(f'--override {o!r}: expected name=value')
