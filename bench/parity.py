@@ -37,6 +37,9 @@ Variants of ours:
   deviation) for a diagnostic run, and `--flag=--name[=value]` passes one
   more flag to experiments/run_dmc.py (e.g. `--flag=--chunk_length=1`,
   `--flag=--nolearner_prefetch`); both become part of the run's name.
+  `--probe` runs ours through bench/parity_probe.py, which adds
+  position-resolved world-model losses (`pos/<loss>/<group>`, also written by
+  bench/parity_official.py); `compare` leaves them out of its checks.
 
 Each run's JSON (settings, wall time, rows, episode scores) goes to
 bench/results/parity/ (figures, not code; the official source is never
@@ -98,11 +101,11 @@ METRICS = {
 
 # --- running -------------------------------------------------------------------
 
-def run_name(side, task, seed, variant='', overrides=(), flags=()):
+def run_name(side, task, seed, variant='', overrides=(), flags=(), probe=False):
   parts = [task, side] + ([variant] if side == 'ours' else [])
   parts += [o.replace('=', '-') for o in overrides]
-  parts += [flag_tag(f) for f in flags] + [f's{seed}']
-  return '_'.join(parts)
+  parts += [flag_tag(f) for f in flags] + (['probe'] if probe else [])
+  return '_'.join(parts + [f's{seed}'])
 
 
 def flag_tag(flag: str) -> str:
@@ -163,7 +166,9 @@ def _read_jsonl(path):
 
 def run(args) -> str:
   flags = list(getattr(args, 'flag', []))
-  name = run_name(args.side, args.task, args.seed, args.variant, args.override, flags)
+  probe = bool(getattr(args, 'probe', False))
+  name = run_name(args.side, args.task, args.seed, args.variant, args.override, flags,
+                  probe)
   logdir = os.path.join(args.workdir, name)
   if os.path.exists(logdir):
     shutil.rmtree(logdir)
@@ -176,7 +181,9 @@ def run(args) -> str:
            f'--out={rows_path}', f'--repeat={SETTINGS["action_repeat"]}', '--',
            *official_argv(args.task, args.seed, os.path.join(logdir, 'run'))]
   else:
-    cmd = [sys.executable, os.path.join(ROOT, 'experiments', 'run_dmc.py'),
+    script = (os.path.join(HERE, 'parity_probe.py') if probe
+              else os.path.join(ROOT, 'experiments', 'run_dmc.py'))
+    cmd = [sys.executable, script,
            *ours_argv(args.task, args.seed, os.path.join(logdir, 'run'),
                       args.updates, args.variant, args.override, flags)]
   with open(os.path.join(logdir, 'console.txt'), 'w') as console:
@@ -210,7 +217,8 @@ def run(args) -> str:
   result = {
       'side': args.side, 'task': args.task, 'seed': args.seed,
       'variant': args.variant if args.side == 'ours' else 'official',
-      'overrides': list(args.override), 'flags': flags, 'updates': args.updates,
+      'overrides': list(args.override), 'flags': flags, 'probe': probe,
+      'updates': args.updates,
       'settings': SETTINGS, 'row_every': ROW_EVERY, 'wall_s': round(wall, 1),
       'host_load_1m_at_end': os.getloadavg()[0],
       'command': ' '.join(cmd), 'rows': rows, 'scores': scores,
@@ -241,6 +249,13 @@ def canonical_rows(result) -> List[Dict[str, float]]:
       if not ours and k.startswith('loss/') and k[5:] not in (
           'dyn', 'rep', 'rew', 'con', 'value', 'repval', 'policy'):
         row['loss/rec_' + k[5:]] = v
+      if ours and k.startswith('train/pos/'):               # parity_probe.py
+        row[k[len('train/'):]] = v
+      if not ours and k.startswith('pos/'):                 # parity_official.py
+        _, key, group = k.split('/')
+        if key not in ('dyn', 'rew', 'con'):
+          key = 'rec_' + key
+        row[f'pos/{key}/{group}'] = v
     out.append(row)
   return out
 
@@ -294,7 +309,8 @@ def load(out, task, length):
       continue
     key = 'official' if r['side'] == 'official' else '_'.join(
         [r['variant']] + [o.replace('=', '-') for o in r['overrides']]
-        + [flag_tag(f) for f in r.get('flags', [])])
+        + [flag_tag(f) for f in r.get('flags', [])]
+        + (['probe'] if r.get('probe') else []))
     runs.setdefault(key, []).append(r)
   return runs
 
@@ -356,7 +372,8 @@ def compare(args):
     data[key] = {n: np.stack([p[n] for p in per_seed]) for n in names}
     data[key]['score'] = np.stack([score_bins(r, args.length) for r in rs])
   off = data['official']
-  names = [n for n in off if n in data.get(args.ours, {})]
+  # Position-resolved probes (pos/...) are diagnostics, not checks.
+  names = [n for n in off if n in data.get(args.ours, {}) and not n.startswith('pos/')]
   checks = [i for i in range(nb) if centers[i] % CHECK_EVERY == 0]
   report = {'task': args.task, 'length': args.length, 'ours': args.ours,
             'seeds': {k: len(v) for k, v in runs.items()},
@@ -539,6 +556,9 @@ def main(argv=None):
                  help='ours: one more DreamerConfig field, name=value')
   r.add_argument('--flag', action='append', default=[],
                  help='ours: one more experiments/run_dmc.py flag, --name[=value]')
+  r.add_argument('--probe', action='store_true',
+                 help='ours: run through bench/parity_probe.py (position-resolved '
+                      'world-model losses)')
   r.add_argument('--seed', type=int, default=0)
   q = sub.add_parser('suite')
   training_args(q)
@@ -555,8 +575,9 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.cmd == 'run':
     if args.side == 'official' and (args.variant != 'official_oq' or args.override
-                                    or args.flag):
-      p.error('--variant / --override / --flag apply to ours only')
+                                    or args.flag or args.probe):
+      p.error('--variant / --override / --flag / --probe apply to ours only '
+              '(the official side always writes the pos/ probes)')
     for f in args.flag:
       if not f.startswith('--'):
         p.error(f'--flag {f!r}: expected --name[=value]')
