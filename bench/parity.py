@@ -249,8 +249,10 @@ def canonical_rows(result) -> List[Dict[str, float]]:
       if not ours and k.startswith('loss/') and k[5:] not in (
           'dyn', 'rep', 'rew', 'con', 'value', 'repval', 'policy'):
         row['loss/rec_' + k[5:]] = v
-      if ours and k.startswith('train/pos/'):               # parity_probe.py
+      if ours and k.startswith(('train/pos/', 'train/data/')):   # parity_probe.py
         row[k[len('train/'):]] = v
+      if not ours and k.startswith('data/'):                # parity_official.py
+        row[k] = v
       if not ours and k.startswith('pos/'):                 # parity_official.py
         _, key, group = k.split('/')
         if key not in ('dyn', 'rew', 'con'):
@@ -372,8 +374,9 @@ def compare(args):
     data[key] = {n: np.stack([p[n] for p in per_seed]) for n in names}
     data[key]['score'] = np.stack([score_bins(r, args.length) for r in rs])
   off = data['official']
-  # Position-resolved probes (pos/...) are diagnostics, not checks.
-  names = [n for n in off if n in data.get(args.ours, {}) and not n.startswith('pos/')]
+  # Probes (pos/..., data/...) are diagnostics, not checks.
+  names = [n for n in off if n in data.get(args.ours, {})
+           and not n.startswith(('pos/', 'data/'))]
   checks = [i for i in range(nb) if centers[i] % CHECK_EVERY == 0]
   report = {'task': args.task, 'length': args.length, 'ours': args.ours,
             'seeds': {k: len(v) for k, v in runs.items()},

@@ -275,6 +275,8 @@ def canonical(row, side):
     if side == 'official' and k.startswith('loss/') and k[5:] not in (
         'dyn', 'rep', 'rew', 'con', 'value', 'repval', 'policy'):
       out['loss/rec_' + k[5:]] = v
+    if k.startswith('data/'):
+      out[k] = v
     if k.startswith('pos/'):
       _, key, group = k.split('/')
       if side == 'official' and key not in ('dyn', 'rew', 'con'):

@@ -30,6 +30,8 @@ wrappers that change nothing the agent computes:
   losses (issue 32): `pos/<loss>/<group>`, the mean of that loss over the
   trained window positions of the group (POS_GROUPS: t0 is the first trained
   step after the replay context, t16-31 the last half of a T = 32 window).
+  Also `data/<key>`: means over the trained steps of each observation key,
+  the reward, is_first and |a_{t-1}| (what the batch holds).
   Extra metrics only; nothing the loss or the update computes changes.
   bench/parity_probe.py adds the same metrics to ours.
 """
@@ -94,7 +96,11 @@ def install_probe():
     keys = [k for k, v in losses.items()
             if (k in ('dyn', 'rew', 'con') or k in self.dec.veckeys)
             and v.shape[1:] == (T,)]
-    metrics = {**metrics, **position_metrics(losses, keys)}
+    data = {f'data/{k}': obs[k].mean() for k in self.dec.veckeys}
+    data['data/reward'] = obs['reward'].mean()
+    data['data/is_first'] = obs['is_first'].astype('float32').mean()
+    data['data/action_abs'] = abs(prevact['action']).mean()
+    metrics = {**metrics, **position_metrics(losses, keys), **data}
     return total, (carry, entries, outs, metrics)
   official_agent.Agent.loss = probed_loss
 

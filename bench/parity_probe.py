@@ -6,7 +6,9 @@ Runs experiments/run_dmc.py unchanged in this process after wrapping
 `agent.learning.compute_losses` to add, per update, the mean of each
 world-model loss (dyn, rew, con and every rec_<key>) over groups of trained
 window positions: `pos/<loss>/<group>` (POS_GROUPS; t0 is the first trained
-step after the replay context, spec 5.8). Extra metrics only: the losses,
+step after the replay context, spec 5.8), and what the batch holds: `data/<key>`
+means of each observation key, the reward, is_first and |a_{t-1}| over the
+trained steps. Extra metrics only: the losses,
 gradients and updates are the same functions of the same inputs.
 bench/parity_official.py adds the same metrics to the official run, so
 `bench/parity.py run --side=ours --probe` and the official side can be
@@ -39,6 +41,16 @@ def position_metrics(losses, keys):
   return out
 
 
+def data_metrics(obs, reward, is_first, prevact):
+  """What the trained steps of a batch hold (issue 32): `data/<key>` means
+  of each observation key, of the reward, of is_first and of |a_{t-1}|."""
+  out = {f'data/{k}': v.mean() for k, v in obs.items()}
+  out['data/reward'] = reward.mean()
+  out['data/is_first'] = is_first.astype('float32').mean()
+  out['data/action_abs'] = abs(prevact).mean()
+  return out
+
+
 def install() -> None:
   """Wraps agent.learning.compute_losses (looked up by loss_fn at trace time)."""
   from agent import learning
@@ -51,7 +63,11 @@ def install() -> None:
     keys = [k for k, v in losses.items()
             if (k in ('dyn', 'rew', 'con') or k.startswith('rec_'))
             and v.shape[1:] == (T,)]
-    return losses, (retnorm, {**metrics, **position_metrics(losses, keys)}, outs)
+    data = data_metrics({k: v[:, 1:] for k, v in batch['observation'].items()},
+                        batch['reward'][:, 1:], batch['is_first'][:, 1:],
+                        batch['action'][:, :-1])
+    return losses, (retnorm, {**metrics, **position_metrics(losses, keys), **data},
+                    outs)
 
   learning.compute_losses = probed
 
