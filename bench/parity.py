@@ -303,7 +303,13 @@ def score_bins(result, length: int) -> np.ndarray:
 
 
 def load(out, task, length):
-  runs = {}
+  """{variant key: [run, ...]} of the runs of `task` that reach `length`.
+
+  A `--probe` run (bench/parity_probe.py) trains with the same functions of
+  the same inputs and only logs more, so it counts as a seed of its variant;
+  where a seed has both a plain and a probe run, the plain one is kept (one
+  run per seed: a seed counted twice would shrink the Welch variance)."""
+  chosen = {}
   for path in sorted(glob.glob(os.path.join(out, f'{task}_*.json'))):
     with open(path) as f:
       r = json.load(f)
@@ -311,8 +317,12 @@ def load(out, task, length):
       continue
     key = 'official' if r['side'] == 'official' else '_'.join(
         [r['variant']] + [o.replace('=', '-') for o in r['overrides']]
-        + [flag_tag(f) for f in r.get('flags', [])]
-        + (['probe'] if r.get('probe') else []))
+        + [flag_tag(f) for f in r.get('flags', [])])
+    slot = (key, r['seed'])
+    if slot not in chosen or (chosen[slot].get('probe') and not r.get('probe')):
+      chosen[slot] = r
+  runs = {}
+  for (key, _), r in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1])):
     runs.setdefault(key, []).append(r)
   return runs
 

@@ -152,3 +152,27 @@ def test_parity_compare_reports_welch_and_holm_per_check(tmp_path):
 
 
 ALPHA_TEST = 0.05
+
+
+def test_parity_load_counts_a_probe_run_as_its_variants_seed_once(tmp_path):
+  """bench/parity.py load (issue 32): a --probe run is a seed of its variant;
+  a seed with a plain and a probe run is counted once, the plain run kept;
+  runs short of the length are left out."""
+  import json
+  from bench import parity
+
+  def write(name, side, seed, probe=False, updates=3000, overrides=()):
+    r = {'side': side, 'seed': seed, 'variant': 'official_oq', 'updates': updates,
+         'overrides': list(overrides), 'flags': [], 'probe': probe, 'rows': []}
+    (tmp_path / f'walker_walk_{name}.json').write_text(json.dumps(r))
+
+  write('official_s0', 'official', 0)
+  write('official_s1', 'official', 1, updates=2000)              # too short
+  write('ours_official_oq_s0', 'ours', 0)
+  write('ours_official_oq_probe_s0', 'ours', 0, probe=True)      # same seed: dropped
+  write('ours_official_oq_probe_s2', 'ours', 2, probe=True)
+  write('ours_official_oq_lr-1_s0', 'ours', 0, overrides=['lr=1'])
+  runs = parity.load(str(tmp_path), 'walker_walk', 3000)
+  assert sorted(runs) == ['official', 'official_oq', 'official_oq_lr-1']
+  assert [r['seed'] for r in runs['official']] == [0]
+  assert [(r['seed'], r['probe']) for r in runs['official_oq']] == [(0, False), (2, True)]
