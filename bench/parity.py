@@ -20,16 +20,26 @@ float32 on the CPU) and log by UPDATE COUNT: each writes, per 50 updates, the
 means of its metrics over exactly those updates (ours: `--learner_log_every`,
 rows of kind 'learner'; the official: bench/parity_official.py wrapping its
 `Agent.train`, in its own venv). `compare` re-bins both into 250-update windows
-(means weighted by updates), maps the metric names once (METRICS), and checks
-issue 19's acceptance at every 500 updates: ours' seed mean inside the official
-seeds' [min, max] widened by max(10 % of |official mean|, official spread).
+(means weighted by updates), maps the metric names once (METRICS, plus one
+`loss/rec_<key>` per observation key), and checks issue 19's acceptance at
+every 500 updates: ours' seed mean inside the official seeds' [min, max]
+widened by max(10 % of |official mean|, official spread). It also tests each
+(metric, check) pair statistically (issue 32): Welch's t-test of ours' seeds
+against the official's (`scipy.stats.ttest_ind(equal_var=False)`), the
+p-values Holm-corrected over every check of the comparison; a pair is
+significant when its Holm-adjusted p is below ALPHA.
 
 Variants of ours:
   official_oq  the official code's choices for OQ 6 / OQ 7
                (start_from_data=False, outscale_dec=1.0): configs equal.
   defaults     the project's defaults (2411f7d's OQ 6 / OQ 7).
   Extra `--override name=value` switch one more field (e.g. a documented
-  deviation) for a diagnostic run; it becomes part of the run's name.
+  deviation) for a diagnostic run, and `--flag=--name[=value]` passes one
+  more flag to experiments/run_dmc.py (e.g. `--flag=--chunk_length=1`,
+  `--flag=--nolearner_prefetch`); both become part of the run's name.
+  `--probe` runs ours through bench/parity_probe.py, which adds
+  position-resolved world-model losses (`pos/<loss>/<group>`, also written by
+  bench/parity_official.py); `compare` leaves them out of its checks.
 
 Each run's JSON (settings, wall time, rows, episode scores) goes to
 bench/results/parity/ (figures, not code; the official source is never
@@ -61,6 +71,7 @@ SETTINGS = dict(size='size1m', batch_size=16, batch_length=32, train_ratio=128,
 ROW_EVERY = 50        # updates per logged row (both sides)
 BIN = 250             # updates per compared window
 CHECK_EVERY = 500     # acceptance rows
+ALPHA = 0.05          # family-wise error rate of the Holm-corrected Welch tests
 
 VARIANTS = {
     'official_oq': {'start_from_data': 'False', 'outscale_dec': '1.0'},
@@ -90,10 +101,16 @@ METRICS = {
 
 # --- running -------------------------------------------------------------------
 
-def run_name(side, task, seed, variant='', overrides=()):
+def run_name(side, task, seed, variant='', overrides=(), flags=(), probe=False):
   parts = [task, side] + ([variant] if side == 'ours' else [])
-  parts += [o.replace('=', '-') for o in overrides] + [f's{seed}']
-  return '_'.join(parts)
+  parts += [o.replace('=', '-') for o in overrides]
+  parts += [flag_tag(f) for f in flags] + (['probe'] if probe else [])
+  return '_'.join(parts + [f's{seed}'])
+
+
+def flag_tag(flag: str) -> str:
+  """'--chunk_length=1' -> 'chunk_length-1' (a run-name part)."""
+  return flag.lstrip('-').replace('=', '-')
 
 
 def env_steps_for(updates: int) -> int:
@@ -121,7 +138,7 @@ def official_argv(task, seed, logdir):
       '--run.steps', '1e9', '--seed', str(seed), '--logdir', logdir]
 
 
-def ours_argv(task, seed, logdir, updates, variant, overrides):
+def ours_argv(task, seed, logdir, updates, variant, overrides, flags=()):
   s = SETTINGS
   argv = [
       f'--task={task}', f'--size={s["size"]}', f'--train_ratio={s["train_ratio"]}',
@@ -137,7 +154,7 @@ def ours_argv(task, seed, logdir, updates, variant, overrides):
     name, value = o.split('=', 1)
     fields[name] = value
   argv += [f'--config_overrides={k}={v}' for k, v in fields.items()]
-  return argv
+  return argv + list(flags)
 
 
 def _read_jsonl(path):
@@ -148,7 +165,10 @@ def _read_jsonl(path):
 
 
 def run(args) -> str:
-  name = run_name(args.side, args.task, args.seed, args.variant, args.override)
+  flags = list(getattr(args, 'flag', []))
+  probe = bool(getattr(args, 'probe', False))
+  name = run_name(args.side, args.task, args.seed, args.variant, args.override, flags,
+                  probe)
   logdir = os.path.join(args.workdir, name)
   if os.path.exists(logdir):
     shutil.rmtree(logdir)
@@ -161,9 +181,11 @@ def run(args) -> str:
            f'--out={rows_path}', f'--repeat={SETTINGS["action_repeat"]}', '--',
            *official_argv(args.task, args.seed, os.path.join(logdir, 'run'))]
   else:
-    cmd = [sys.executable, os.path.join(ROOT, 'experiments', 'run_dmc.py'),
+    script = (os.path.join(HERE, 'parity_probe.py') if probe
+              else os.path.join(ROOT, 'experiments', 'run_dmc.py'))
+    cmd = [sys.executable, script,
            *ours_argv(args.task, args.seed, os.path.join(logdir, 'run'),
-                      args.updates, args.variant, args.override)]
+                      args.updates, args.variant, args.override, flags)]
   with open(os.path.join(logdir, 'console.txt'), 'w') as console:
     proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT)
   wall = time.time() - t0
@@ -195,7 +217,8 @@ def run(args) -> str:
   result = {
       'side': args.side, 'task': args.task, 'seed': args.seed,
       'variant': args.variant if args.side == 'ours' else 'official',
-      'overrides': list(args.override), 'updates': args.updates,
+      'overrides': list(args.override), 'flags': flags, 'probe': probe,
+      'updates': args.updates,
       'settings': SETTINGS, 'row_every': ROW_EVERY, 'wall_s': round(wall, 1),
       'host_load_1m_at_end': os.getloadavg()[0],
       'command': ' '.join(cmd), 'rows': rows, 'scores': scores,
@@ -226,6 +249,15 @@ def canonical_rows(result) -> List[Dict[str, float]]:
       if not ours and k.startswith('loss/') and k[5:] not in (
           'dyn', 'rep', 'rew', 'con', 'value', 'repval', 'policy'):
         row['loss/rec_' + k[5:]] = v
+      if ours and k.startswith(('train/pos/', 'train/data/')):   # parity_probe.py
+        row[k[len('train/'):]] = v
+      if not ours and k.startswith('data/'):                # parity_official.py
+        row[k] = v
+      if not ours and k.startswith('pos/'):                 # parity_official.py
+        _, key, group = k.split('/')
+        if key not in ('dyn', 'rew', 'con'):
+          key = 'rec_' + key
+        row[f'pos/{key}/{group}'] = v
     out.append(row)
   return out
 
@@ -271,14 +303,26 @@ def score_bins(result, length: int) -> np.ndarray:
 
 
 def load(out, task, length):
-  runs = {}
+  """{variant key: [run, ...]} of the runs of `task` that reach `length`.
+
+  A `--probe` run (bench/parity_probe.py) trains with the same functions of
+  the same inputs and only logs more, so it counts as a seed of its variant;
+  where a seed has both a plain and a probe run, the plain one is kept (one
+  run per seed: a seed counted twice would shrink the Welch variance)."""
+  chosen = {}
   for path in sorted(glob.glob(os.path.join(out, f'{task}_*.json'))):
     with open(path) as f:
       r = json.load(f)
     if r['updates'] < length:
       continue
     key = 'official' if r['side'] == 'official' else '_'.join(
-        [r['variant']] + [o.replace('=', '-') for o in r['overrides']])
+        [r['variant']] + [o.replace('=', '-') for o in r['overrides']]
+        + [flag_tag(f) for f in r.get('flags', [])])
+    slot = (key, r['seed'])
+    if slot not in chosen or (chosen[slot].get('probe') and not r.get('probe')):
+      chosen[slot] = r
+  runs = {}
+  for (key, _), r in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1])):
     runs.setdefault(key, []).append(r)
   return runs
 
@@ -289,6 +333,42 @@ def band(official: np.ndarray):
   mn, mx = np.nanmin(official, 0), np.nanmax(official, 0)
   widen = np.maximum(0.10 * np.abs(mean), mx - mn)
   return mean, mn - widen, mx + widen
+
+
+def welch(ours: np.ndarray, official: np.ndarray):
+  """Welch's unequal-variance t-test of two seed samples: (t, two-sided p).
+
+  Non-finite values (a seed without rows in the window) are dropped. NaN
+  where the test is undefined: fewer than 2 seeds on a side, or no variance
+  on either side (e.g. a metric pinned at a constant, like ret_scale = 1).
+  """
+  from scipy import stats
+  a = np.asarray(ours, float)
+  b = np.asarray(official, float)
+  a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+  if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+    return math.nan, math.nan
+  r = stats.ttest_ind(a, b, equal_var=False)
+  return float(r.statistic), float(r.pvalue)
+
+
+def holm(pvalues) -> np.ndarray:
+  """Holm's step-down adjusted p-values, in the input's order.
+
+  With the m finite p-values sorted ascending, p_(1) <= ... <= p_(m), the
+  adjusted p_(k) is max over j <= k of min(1, (m - j + 1) p_(j)); rejecting
+  where it is below alpha holds the family-wise error rate at alpha. NaN
+  entries (tests not performed) stay NaN and do not count in m.
+  """
+  p = np.asarray(pvalues, float)
+  out = np.full(p.shape, np.nan)
+  finite = np.flatnonzero(np.isfinite(p))
+  m = len(finite)
+  running = 0.0
+  for k, i in enumerate(finite[np.argsort(p[finite], kind='stable')]):
+    running = max(running, min(1.0, (m - k) * p[i]))
+    out[i] = running
+  return out
 
 
 def compare(args):
@@ -304,7 +384,9 @@ def compare(args):
     data[key] = {n: np.stack([p[n] for p in per_seed]) for n in names}
     data[key]['score'] = np.stack([score_bins(r, args.length) for r in rs])
   off = data['official']
-  names = [n for n in off if n in data.get(args.ours, {})]
+  # Probes (pos/..., data/...) are diagnostics, not checks.
+  names = [n for n in off if n in data.get(args.ours, {})
+           and not n.startswith(('pos/', 'data/'))]
   checks = [i for i in range(nb) if centers[i] % CHECK_EVERY == 0]
   report = {'task': args.task, 'length': args.length, 'ours': args.ours,
             'seeds': {k: len(v) for k, v in runs.items()},
@@ -322,10 +404,14 @@ def compare(args):
              'band_lo': [float(lo[i]) for i in checks],
              'band_hi': [float(hi[i]) for i in checks]}
     entry['inside'] = [bool(lo[i] <= ours[i] <= hi[i]) for i in checks]
+    tests = [welch(data[args.ours][n][:, i], off[n][:, i]) for i in checks]
+    entry['welch_t'] = [t for t, _ in tests]
+    entry['welch_p'] = [p for _, p in tests]
     report['metrics'][n] = entry
     outside += [(n, int(centers[i]), float(ours[i]), float(lo[i]), float(hi[i]))
                 for i in checks if not lo[i] <= ours[i] <= hi[i]]
   report['outside'] = outside
+  report['stats'] = holm_family(report['metrics'])
   tag = f'{args.task}_{args.ours}_{args.length}'
   with open(os.path.join(args.out, f'compare_{tag}.json'), 'w') as f:
     json.dump(report, f, indent=1)
@@ -333,27 +419,64 @@ def compare(args):
   print(f'\n{len(outside)} (metric, update) checks outside the band:')
   for n, u, v, lo, hi in outside:
     print(f'  {n} @ {u}: ours {v:.4g}, band [{lo:.4g}, {hi:.4g}]')
+  st = report['stats']
+  print(f"\nWelch t-tests: {st['tests']} (metric, update) checks with a p-value "
+        f"({st['untested']} untested); smallest raw p {st['min_p']:.3g} "
+        f"({st['min_p_at'][0]} @ {st['min_p_at'][1]}); smallest Holm-adjusted p "
+        f"{st['min_holm_p']:.3g}; {len(st['significant'])} significant after Holm "
+        f"at alpha {st['alpha']}")
+  for n, u, p, ph in st['significant']:
+    print(f'  {n} @ {u}: p {p:.3g}, Holm {ph:.3g}')
   plot(data, names, centers, args.ours,
        os.path.join(args.out, f'compare_{tag}.png'), args.task)
+
+
+def holm_family(metrics: dict) -> dict:
+  """Holm-corrects every (metric, check) Welch p-value of one comparison
+  together (adds 'holm_p' to each metric entry) and summarises the family."""
+  where = [(n, i) for n, e in metrics.items() for i in range(len(e['welch_p']))]
+  adjusted = holm([metrics[n]['welch_p'][i] for n, i in where])
+  for n, e in metrics.items():
+    e['holm_p'] = [math.nan] * len(e['welch_p'])
+  for (n, i), ph in zip(where, adjusted):
+    metrics[n]['holm_p'][i] = float(ph)
+  tested = [(metrics[n]['welch_p'][i], n, metrics[n]['updates'][i], ph)
+            for (n, i), ph in zip(where, adjusted) if np.isfinite(ph)]
+  best = min(tested) if tested else (math.nan, '-', 0, math.nan)
+  return {
+      'alpha': ALPHA, 'tests': len(tested), 'untested': len(where) - len(tested),
+      'min_p': best[0], 'min_p_at': [best[1], best[2]],
+      'min_holm_p': min((t[3] for t in tested), default=math.nan),
+      'significant': [[n, u, p, ph] for p, n, u, ph in sorted(tested, key=lambda t: t[0])
+                      if ph < ALPHA],
+  }
+
+
+def _p(p) -> str:
+  return '-' if not np.isfinite(p) else f'{p:.2g}' if p >= 0.001 else f'{p:.1e}'
 
 
 def table(report, at) -> str:
   lines = [f"### {report['task']}: ours ({report['ours']}, "
            f"{report['seeds'].get(report['ours'], 0)} seeds) against the official "
            f"({report['seeds']['official']} seeds)", '',
-           '| metric | ' + ' | '.join(f'{u} updates: ours / official [min, max]'
-                                      for u in at) + ' |',
-           '|---|' + '---|' * len(at)]
+           '| metric | ' + ' | '.join(f'{u} updates: ours / official [min, max] | '
+                                      f'Welch p | Holm p' for u in at) + ' |',
+           '|---|' + '---|---:|---:|' * len(at)]
   for n, e in report['metrics'].items():
     cells = []
     for u in at:
       if u not in e['updates']:
-        cells.append('-')
+        cells += ['-', '-', '-']
         continue
       i = e['updates'].index(u)
       mark = '' if e['inside'][i] else ' **out**'
       cells.append(f"{e['ours_mean'][i]:.4g} / [{e['official_min'][i]:.4g}, "
                    f"{e['official_max'][i]:.4g}]{mark}")
+      holm_p = e.get('holm_p', [math.nan] * len(e['updates']))[i]
+      sig = ' **sig**' if np.isfinite(holm_p) and holm_p < ALPHA else ''
+      cells += [_p(e.get('welch_p', [math.nan] * len(e['updates']))[i]),
+                _p(holm_p) + sig]
     lines.append(f'| {n} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
 
@@ -420,7 +543,7 @@ def suite(args) -> None:
           print(f'{name}: done, skipped', flush=True)
           continue
     run(argparse.Namespace(
-        side=side, variant=variant, override=[], task=args.task, seed=seed,
+        side=side, variant=variant, override=[], flag=[], task=args.task, seed=seed,
         updates=args.updates, official_python=args.official_python,
         src=args.src, workdir=args.workdir, out=args.out))
 
@@ -444,6 +567,11 @@ def main(argv=None):
   r.add_argument('--variant', choices=sorted(VARIANTS), default='official_oq')
   r.add_argument('--override', action='append', default=[],
                  help='ours: one more DreamerConfig field, name=value')
+  r.add_argument('--flag', action='append', default=[],
+                 help='ours: one more experiments/run_dmc.py flag, --name[=value]')
+  r.add_argument('--probe', action='store_true',
+                 help='ours: run through bench/parity_probe.py (position-resolved '
+                      'world-model losses)')
   r.add_argument('--seed', type=int, default=0)
   q = sub.add_parser('suite')
   training_args(q)
@@ -459,8 +587,13 @@ def main(argv=None):
   c.add_argument('--out', default=OUT)
   args = p.parse_args(argv)
   if args.cmd == 'run':
-    if args.side == 'official' and (args.variant != 'official_oq' or args.override):
-      p.error('--variant / --override apply to ours only')
+    if args.side == 'official' and (args.variant != 'official_oq' or args.override
+                                    or args.flag or args.probe):
+      p.error('--variant / --override / --flag / --probe apply to ours only '
+              '(the official side always writes the pos/ probes)')
+    for f in args.flag:
+      if not f.startswith('--'):
+        p.error(f'--flag {f!r}: expected --name[=value]')
     for o in args.override:
       if '=' not in o:
         p.error(f'--override {o!r}: expected name=value')

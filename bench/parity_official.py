@@ -26,6 +26,14 @@ wrappers that change nothing the agent computes:
   trained on), and rendering would dominate the run on a CPU.
 - the logger is kept so that its `scores.jsonl` is flushed before the process
   ends at exactly `--updates` updates.
+- `Agent.loss` is wrapped to add position-resolved means of the world-model
+  losses (issue 32): `pos/<loss>/<group>`, the mean of that loss over the
+  trained window positions of the group (POS_GROUPS: t0 is the first trained
+  step after the replay context, t16-31 the last half of a T = 32 window).
+  Also `data/<key>`: means over the trained steps of each observation key,
+  the reward, is_first and |a_{t-1}| (what the batch holds).
+  Extra metrics only; nothing the loss or the update computes changes.
+  bench/parity_probe.py adds the same metrics to ours.
 """
 
 import argparse
@@ -57,6 +65,44 @@ def _scalars(mets):
     if v.ndim == 0 and np.issubdtype(v.dtype, np.number):
       out[k] = float(v)
   return out
+
+
+# Trained window positions (0 = first step after the replay context) per
+# position group; the same groups as bench/parity_probe.py (issue 32).
+POS_GROUPS = (('t0', 0, 1), ('t1', 1, 2), ('t2-3', 2, 4), ('t4-7', 4, 8),
+              ('t8-15', 8, 16), ('t16-31', 16, 32))
+
+
+def position_metrics(losses, keys):
+  """{'pos/<key>/<group>': mean of losses[key][:, a:b]} for [B, T] losses."""
+  out = {}
+  for key in keys:
+    value = losses[key]
+    for name, a, b in POS_GROUPS:
+      if a < value.shape[1]:
+        out[f'pos/{key}/{name}'] = value[:, a:b].mean()
+  return out
+
+
+def install_probe():
+  """Wraps the official `Agent.loss` to add the pos/ metrics (module doc)."""
+  from dreamerv3 import agent as official_agent
+  loss = official_agent.Agent.loss
+
+  def probed_loss(self, carry, obs, prevact, training):
+    total, (carry, entries, outs, metrics) = loss(self, carry, obs, prevact, training)
+    losses = outs['losses']
+    T = obs['is_first'].shape[1]
+    keys = [k for k, v in losses.items()
+            if (k in ('dyn', 'rew', 'con') or k in self.dec.veckeys)
+            and v.shape[1:] == (T,)]
+    data = {f'data/{k}': obs[k].mean() for k in self.dec.veckeys}
+    data['data/reward'] = obs['reward'].mean()
+    data['data/is_first'] = obs['is_first'].astype('float32').mean()
+    data['data/action_abs'] = abs(prevact['action']).mean()
+    metrics = {**metrics, **position_metrics(losses, keys), **data}
+    return total, (carry, entries, outs, metrics)
+  official_agent.Agent.loss = probed_loss
 
 
 class Recorder:
@@ -117,6 +163,7 @@ def main():
 
   import embodied.jax.agent as jax_agent
   from dreamerv3 import main as official
+  install_probe()
 
   rec = Recorder(args.out, args.every, args.updates, args.repeat)
   train = jax_agent.Agent.train

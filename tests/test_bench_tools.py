@@ -69,3 +69,110 @@ def test_parity_bins_by_updates_maps_names_and_widens_the_band():
   np.testing.assert_allclose(mean, [1.1, 10.0])
   np.testing.assert_allclose(lo, [1.0 - 0.2, 10.0 - 1.0])    # spread 0.2 > 10 % of 1.1
   np.testing.assert_allclose(hi, [1.2 + 0.2, 10.0 + 1.0])    # 10 % of 10 > spread 0
+
+
+def test_parity_holm_step_down_on_known_p_values():
+  """Holm's adjusted p-values (issue 32), worked by hand: m = 4 finite
+  p-values sorted 0.005, 0.01, 0.03, 0.04 give 4 x 0.005 = 0.02,
+  max(0.02, 3 x 0.01) = 0.03, max(0.03, 2 x 0.03) = 0.06, max(0.06, 0.04)
+  = 0.06; a NaN (an untested check) stays NaN and does not count in m."""
+  from bench import parity
+  np.testing.assert_allclose(parity.holm([0.01, np.nan, 0.04, 0.03, 0.005]),
+                             [0.03, np.nan, 0.06, 0.06, 0.02])
+  np.testing.assert_allclose(parity.holm([0.5, 0.6]), [1.0, 1.0])  # capped at 1
+  np.testing.assert_allclose(parity.holm([0.2, 0.2, 0.2]), [0.6, 0.6, 0.6])  # ties
+  np.testing.assert_allclose(parity.holm([0.001]), [0.001])        # m = 1: unchanged
+  assert parity.holm([]).shape == (0,)
+
+
+def test_parity_welch_on_a_hand_computed_example():
+  """Welch's t-test (issue 32): means 2.5 and 6, variances 5/3 (n 4) and
+  10 (n 5): t = -3.5 / sqrt(5/12 + 2) = -2.2514, Welch-Satterthwaite
+  df = 5.5208, two-sided p = 0.06913. Undefined (NaN) with one seed on a
+  side or no spread on either side; a NaN seed (no rows) is dropped."""
+  from bench import parity
+  t, p = parity.welch(np.array([1.0, 2.0, 3.0, 4.0]),
+                      np.array([2.0, 4.0, 6.0, 8.0, 10.0]))
+  np.testing.assert_allclose(t, -2.2514363, rtol=1e-6)
+  np.testing.assert_allclose(p, 0.0691336, rtol=1e-5)
+  t2, p2 = parity.welch(np.array([1.0, 2.0, 3.0, 4.0, np.nan]),
+                        np.array([2.0, 4.0, 6.0, 8.0, 10.0]))
+  assert (t2, p2) == (t, p)
+  assert all(np.isnan(parity.welch(np.array([1.0]), np.array([1.0, 2.0]))))
+  assert all(np.isnan(parity.welch(np.ones(3), np.ones(3))))
+
+
+def test_parity_compare_reports_welch_and_holm_per_check(tmp_path):
+  """`compare` (issue 32): per metric and 500-update check, a Welch p and a
+  Holm-adjusted p over every check of the comparison; the per-key
+  reconstruction losses are in the table; the band check stays."""
+  import json
+  from bench import parity
+  rng = np.random.default_rng(0)
+
+  def result(side, seed, shift):
+    rows = []
+    for end in range(50, 1001, 50):
+      r = {'updates': end, 'n': 50, 'env_step': 8 * end}
+      dyn = 1.0 + 0.01 * rng.standard_normal()
+      rec = 0.5 + shift + 0.001 * rng.standard_normal()
+      if side == 'ours':
+        r.update({'train/loss/dyn': dyn, 'train/loss/rec_height': rec})
+      else:
+        r.update({'loss/dyn': dyn, 'loss/height': rec})
+      rows.append(r)
+    return {'side': side, 'task': 'toy', 'seed': seed, 'updates': 1000,
+            'variant': 'official_oq' if side == 'ours' else 'official',
+            'overrides': [], 'wall_s': 1.0, 'rows': rows, 'scores': []}
+
+  for seed in range(4):
+    for side, shift in (('ours', 0.1), ('official', 0.0)):
+      name = parity.run_name(side, 'toy', seed, 'official_oq')
+      with open(tmp_path / f'{name}.json', 'w') as f:
+        json.dump(result(side, seed, shift), f)
+  parity.main(['compare', '--task=toy', '--length=1000', f'--out={tmp_path}',
+               '--table_at', '500', '1000'])
+  with open(tmp_path / 'compare_toy_official_oq_1000.json') as f:
+    report = json.load(f)
+  rec, dyn = report['metrics']['loss/rec_height'], report['metrics']['loss/dyn']
+  assert rec['updates'] == [500, 1000]
+  # 0.1 apart with ~0.0005 noise: a tiny p, still tiny after x 4 (Holm, m = 4)
+  assert all(p < 1e-6 for p in rec['welch_p'])
+  assert all(p < ALPHA_TEST for p in rec['holm_p'])
+  assert all(ph >= p for ph, p in zip(rec['holm_p'], rec['welch_p']))
+  assert all(ph >= ALPHA_TEST for ph in dyn['holm_p'])  # same distribution (rng seed 0)
+  assert rec['inside'] == [False, False]                          # band check stays
+  st = report['stats']
+  assert st['tests'] == 4 and st['untested'] == 2      # 'score': no episodes here
+  assert all(np.isnan(report['metrics']['score']['holm_p']))
+  assert sorted((n, u) for n, u, _, _ in st['significant']) == [
+      ('loss/rec_height', 500), ('loss/rec_height', 1000)]
+  table = parity.table(report, [500, 1000])
+  assert '| loss/rec_height |' in table and 'Holm p' in table
+
+
+ALPHA_TEST = 0.05
+
+
+def test_parity_load_counts_a_probe_run_as_its_variants_seed_once(tmp_path):
+  """bench/parity.py load (issue 32): a --probe run is a seed of its variant;
+  a seed with a plain and a probe run is counted once, the plain run kept;
+  runs short of the length are left out."""
+  import json
+  from bench import parity
+
+  def write(name, side, seed, probe=False, updates=3000, overrides=()):
+    r = {'side': side, 'seed': seed, 'variant': 'official_oq', 'updates': updates,
+         'overrides': list(overrides), 'flags': [], 'probe': probe, 'rows': []}
+    (tmp_path / f'walker_walk_{name}.json').write_text(json.dumps(r))
+
+  write('official_s0', 'official', 0)
+  write('official_s1', 'official', 1, updates=2000)              # too short
+  write('ours_official_oq_s0', 'ours', 0)
+  write('ours_official_oq_probe_s0', 'ours', 0, probe=True)      # same seed: dropped
+  write('ours_official_oq_probe_s2', 'ours', 2, probe=True)
+  write('ours_official_oq_lr-1_s0', 'ours', 0, overrides=['lr=1'])
+  runs = parity.load(str(tmp_path), 'walker_walk', 3000)
+  assert sorted(runs) == ['official', 'official_oq', 'official_oq_lr-1']
+  assert [r['seed'] for r in runs['official']] == [0]
+  assert [(r['seed'], r['probe']) for r in runs['official_oq']] == [(0, False), (2, True)]
