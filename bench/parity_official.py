@@ -67,21 +67,10 @@ def _scalars(mets):
   return out
 
 
-# Trained window positions (0 = first step after the replay context) per
-# position group; the same groups as bench/parity_probe.py (issue 32).
-POS_GROUPS = (('t0', 0, 1), ('t1', 1, 2), ('t2-3', 2, 4), ('t4-7', 4, 8),
-              ('t8-15', 8, 16), ('t16-31', 16, 32))
-
-
-def position_metrics(losses, keys):
-  """{'pos/<key>/<group>': mean of losses[key][:, a:b]} for [B, T] losses."""
-  out = {}
-  for key in keys:
-    value = losses[key]
-    for name, a, b in POS_GROUPS:
-      if a < value.shape[1]:
-        out[f'pos/{key}/{name}'] = value[:, a:b].mean()
-  return out
+# The position groups and their means: one home, bench/parity_probe.py (it
+# imports only the standard library, so this script's venv can load it).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parity_probe import POS_GROUPS, position_metrics  # noqa: E402,F401
 
 
 def install_probe():

@@ -25,7 +25,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# The same groups as bench/parity_official.py.
+# Position groups of the trained window; bench/parity_official.py imports them too.
 POS_GROUPS = (('t0', 0, 1), ('t1', 1, 2), ('t2-3', 2, 4), ('t4-7', 4, 8),
               ('t8-15', 8, 16), ('t16-31', 16, 32))
 
