@@ -21,7 +21,9 @@ def make_batch(spaces: EnvSpaces, config: DreamerConfig, seed: int = 0,
   idx = np.arange(L)[None] + rng.integers(0, episode_len, (B, 1))
   is_first = (idx % episode_len) == 0
   is_last = (idx % episode_len) == episode_len - 1
-  obs = {k: rng.normal(size=(B, L) + tuple(s)).astype(np.float32)
+  obs = {k: (rng.integers(0, 256, (B, L) + tuple(s), dtype=np.uint8)
+             if k in spaces.image_keys else
+             rng.normal(size=(B, L) + tuple(s)).astype(np.float32))
          for k, s in spaces.obs.items()}
   if spaces.discrete:
     action = np.eye(spaces.act_dim, dtype=np.float32)[

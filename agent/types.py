@@ -87,6 +87,24 @@ class EnvSpaces:
     return np.uint8 if is_image_shape(self.obs[key]) else np.float32
 
 
+def obs_array(spaces: EnvSpaces, key: str, value, lead: Tuple[int, ...]):
+  """``value`` of observation ``key`` as the array the networks take: float32
+  for a vector key; for an image key the uint8 array itself (a float image is
+  refused, not cast: its scale is unknown, spec 2.10). ValueError names the
+  key on a wrong dtype or shape (``lead`` + the key's shape)."""
+  want = tuple(lead) + tuple(spaces.obs[key])
+  if key in spaces.image_keys:
+    v = np.asarray(value)
+    if v.dtype != np.uint8:
+      raise ValueError(f'image {key!r} has dtype {v.dtype}; images are uint8 '
+                       '0-255 (spec 2.10)')
+  else:
+    v = np.asarray(value, np.float32)
+  if v.shape != want:
+    raise ValueError(f'observation {key!r} has shape {v.shape}, expected {want}')
+  return v
+
+
 def is_image_shape(shape) -> bool:
   """An (H, W, C) shape: the one rank that holds a uint8 image (spec 2.10)."""
   return len(tuple(shape)) == 3

@@ -132,6 +132,8 @@ class RunConfig:
   learner_log_every: int = 0              # updates; 0 = no 'learner' rows
   progress_every: float = 10.0
   time_limit: Optional[float] = None
+  image: bool = False                     # dm_control: render 64x64 'image' (2.10)
+  proprio: bool = True                    # dm_control: its vector keys
   chunk_length: Optional[int] = None      # None: the WindowAdder default
   prefetch: bool = True
   report: bool = True
@@ -150,7 +152,8 @@ class RunConfig:
     check_rules(RUN_RULES, self)
     if self.suite == 'custom' and self.env_factory is None:
       raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
-    suites.check_task(self.suite, self.task, self.time_limit)
+    suites.check_task(self.suite, self.task, self.time_limit, self.image,
+                      self.proprio)
     check_max_skipped(self.max_skipped_updates)
     if self.eval_policy not in ('sample', 'mode'):
       raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "
@@ -162,7 +165,8 @@ class RunConfig:
     seeded ``worker_seed(base_seed, first_index + i)``."""
     return VectorEnv(self.task, num_envs, self.action_repeat, seed=base_seed,
                      time_limit=self.time_limit, first_index=first_index,
-                     suite=self.suite, env_factory=self.env_factory)
+                     suite=self.suite, env_factory=self.env_factory,
+                     image=self.image, proprio=self.proprio)
 
 
 def enable_compilation_cache(path: str) -> None:

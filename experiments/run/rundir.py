@@ -76,7 +76,7 @@ LOG_FILES = {'metrics_bytes': METRICS_FILE, 'scores_bytes': SCORES_FILE,
              'eval_scores_bytes': os.path.join(EVAL_DIR, SCORES_FILE)}
 # Run settings that must not change on resume (besides every DreamerConfig field).
 RESUME_FIXED = ('suite', 'task', 'num_envs', 'action_repeat', 'time_limit',
-                'chunk_length')
+                'image', 'proprio', 'chunk_length')
 
 
 # --- files ----------------------------------------------------------------------
@@ -408,7 +408,8 @@ def read_saved_config(ckpt: str):
   sp = saved['spaces']
   spaces = EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
                      act_dim=sp['act_dim'], discrete=sp['discrete'])
-  run = {'suite': 'dmc', **saved['run']}              # older runs: dmc
+  run = {'suite': 'dmc', 'image': False, 'proprio': True,   # older runs
+         **saved['run']}
   return make_config(**saved['config']), spaces, run
 
 
