@@ -117,3 +117,30 @@ def test_a_bad_image_env_writes_nothing(tmp_path):
     train(lambda seed: Tiny(seed), task='tiny_image', logdir=str(logdir),
           flagfile=SMOKE, env_steps=100)
   assert not logdir.exists()
+
+
+def test_replay_capacity_is_fitted_to_memory_before_anything_is_written(tmp_path):
+  """spec 5.1 with images: 48*48*1 B of frame per step plus the step's other
+  leaves; a chosen capacity whose steps would not fit is refused naming the
+  estimate, the default shrinks to what fits."""
+  from agent.config import make_config
+  from agent.types import EnvSpaces
+  from experiments.run.config import RunConfig
+  from experiments.run.experiment import fit_replay
+  spaces = EnvSpaces(obs={'image': (48, 48, 1)}, act_dim=1)
+  config = make_config(size='tiny')
+  # image 2304 + action 4 + reward 4 + 3 flags + deter bf16 64*2 + stoch 32
+  # + step_id 16 = 2491 bytes, typed out.
+  per_step = 2304 + 4 + 4 + 3 + 128 + 32 + 16
+  run = RunConfig(task='t', logdir=str(tmp_path / 'r'), env_steps=2_000_000,
+                  action_repeat=1, num_envs=1, suite='custom',
+                  env_factory=make_pixel_env)
+  memory = 1 << 30                                     # 1 GiB: 512 MiB share
+  fitted = fit_replay(run, config, spaces, memory)
+  assert fitted.replay_capacity == (memory // 2) // per_step
+  with pytest.raises(ValueError, match=r'--replay_capacity 1,000,000 would hold '
+                     r'1,000,000 steps x 2,491 B = 2\.3 GiB'):
+    fit_replay(run, config.replace(replay_capacity=1_000_000), spaces, memory)
+  small = fit_replay(run, config.replace(replay_capacity=100_000), spaces, memory)
+  assert small.replay_capacity == 100_000
+  assert not (tmp_path / 'r').exists()

@@ -178,6 +178,13 @@ class DMCEnv(ProtocolEnv):
       spec[IMAGE_KEY] = specs.Array(IMAGE_SIZE + (3,), np.uint8, name=IMAGE_KEY)
     return spec
 
+  def close(self):
+    """Frees the physics' GL context in this thread (the one that rendered:
+    EGL makes a context current per thread), not at garbage collection."""
+    if self._image:
+      self.dm_env.physics.free()
+    super().close()
+
   def observation(self, time_step):
     obs = dict(time_step.observation) if self._proprio else {}
     if self._image:
