@@ -194,6 +194,7 @@ def test_watch_smoke_run_mp4_and_open_loop(smoke_run, tmp_path):
   code, log = _run_tool(WATCH, f'--logdir={logdir}', f'--out={out}',
                         f'--openloop={tmp_path / "ol.png"}')
   assert code == 0, log[-3000:]
+  assert 'os.fork()' not in log, log[-3000:]
   import imageio.v2 as imageio
   reader = imageio.get_reader(str(out))
   frames = [f for f in reader]
@@ -202,6 +203,23 @@ def test_watch_smoke_run_mp4_and_open_loop(smoke_run, tmp_path):
   assert (tmp_path / 'ol.png').stat().st_size > 10_000
   code, log = _run_tool(WATCH, f'--logdir={logdir}', f'--out={tmp_path}/v.avi')
   assert code == 2 and '.mp4 or .gif' in log
+
+
+def test_watch_mp4_writer_starts_ffmpeg_without_a_fork_warning(tmp_path):
+  """imageio-ffmpeg's default preexec_fn made jax warn that os.fork() "will
+  likely lead to a deadlock" on every .mp4; watch.py starts ffmpeg without
+  it, with jax running."""
+  script = ('import sys\n'
+            'import numpy as np\n'
+            'from experiments.tools import watch\n'
+            'import jax\n'
+            'jax.numpy.ones(3).block_until_ready()\n'
+            'watch.write_video(sys.argv[1], [np.zeros((16, 16, 3), np.uint8)] * 3)\n')
+  out = tmp_path / 'v.mp4'
+  code, log = _run_tool('-c', script, str(out), timeout=300)
+  assert code == 0, log[-3000:]
+  assert out.stat().st_size > 0
+  assert 'os.fork()' not in log, log[-3000:]
 
 # --- checkpoint folder consistency (kill mid-save) ------------------------------------
 
