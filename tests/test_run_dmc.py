@@ -124,6 +124,11 @@ def test_smoke_train_kill_resume_eval(smoke_run):
   log = out.stdout + out.stderr
   assert out.returncode == 0, log[-4000:]
   assert 'resumed from' in log, log[-4000:]
+  done = [line for line in log.splitlines() if line.startswith('[done]')]
+  assert len(done) == 1 and 'ETA' not in done[0], log[-4000:]
+  # Library notices a person need not read are silenced where they start.
+  for notice in ('owned by the same process', 'Unable to initialize backend'):
+    assert notice not in log, log[-4000:]
 
   # Counters continue to the target; one checkpoint left, its Reverb dir only.
   ckpts = rundir.list_run_checkpoints(str(logdir))
