@@ -390,8 +390,16 @@ def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_pat
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file" / "run"}')
   (tmp_path / 'file').write_text('not a directory')
   run, config, _ = options.configs_from_flags(fv)
-  with pytest.raises(ValueError, match='--logdir'):
+  with pytest.raises(ValueError, match='--logdir .*cannot be made: .*file is '
+                     'a file, not a directory'):
     local.Trainer(make_experiment(run, config))
+  # A logdir that is itself a file says so, and the file stays as it was.
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file"}')
+  run, config, _ = options.configs_from_flags(fv)
+  with pytest.raises(ValueError, match="--logdir '.*file' is a file, not a "
+                     'directory'):
+    local.Trainer(make_experiment(run, config))
+  assert (tmp_path / 'file').read_text() == 'not a directory'
   # A logdir with a checkpoint of another size: error names the difference,
   # and nothing in the directory changes.
   logdir = tmp_path / 'old'
