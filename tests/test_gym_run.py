@@ -180,6 +180,17 @@ def test_train_entry_point_with_an_env_factory(tmp_path, jax_cache_dir):
                                                     summary['updates'])
 
 
+def test_train_keyword_typos_get_did_you_mean(tmp_path):
+  logdir = tmp_path / 'typo'
+  with pytest.raises(ValueError, match="'env_step': Did you mean 'env_steps'"):
+    run_dmc.train(_toy_factory, task='toy', logdir=str(logdir), env_step=100)
+  with pytest.raises(ValueError, match="'tasks': Did you mean 'task'"):
+    run_dmc.train(_toy_factory, task='toy', logdir=str(logdir), tasks=3)
+  with pytest.raises(ValueError, match="'flagfil': Did you mean 'flagfile'"):
+    run_dmc.train(_toy_factory, task='toy', logdir=str(logdir), flagfil=SMOKE)
+  assert not logdir.exists()
+
+
 def _nan_factory(seed):
   return ToyEnv(seed=seed % 7, length=6, discrete=True, bad_obs='nan')
 

@@ -18,7 +18,8 @@ from typing import Optional, Tuple
 
 os.environ.setdefault('MUJOCO_GL', 'disable')  # never render (spec 7.5)
 
-from experiments.envs.protocol import ProtocolEnv, check_repeat  # noqa: E402
+from experiments.envs.protocol import (  # noqa: E402
+    ProtocolEnv, check_repeat, did_you_mean)
 
 # Spec 7.5 / 7.7 (paper Table 2 and Table 11): the 18 DMC-proprio tasks, the
 # 20 visual-control tasks minus quadruped walk/run.
@@ -86,7 +87,8 @@ def parse_task(name: str) -> Tuple[str, str]:
     if cand.lower() in lower:
       return lower[cand.lower()]
   raise ValueError(
-      f'Unknown dm_control task {name!r}. Valid tasks ("domain_task"): '
+      f'Unknown dm_control task {name!r}.{did_you_mean(key, table)} '
+      f'Valid tasks ("domain_task"): '
       f'{", ".join(sorted(table))}. The DMC-proprio benchmark (spec 7.5) '
       f'uses: {", ".join(DMC_PROPRIO_TASKS)}.')
 
