@@ -206,7 +206,7 @@ class ReplaySampler:
               f'{len(dropped)} invalid replay items in a row (the last: '
               f'{self.last_drop_reason}): the replay holds no usable data. '
               'Something other than this run\'s actors writes to its Reverb '
-              'server (README "Security").')
+              'server (docs/security.md).')
     return rows
 
   def _draw(self, table: str, num: int) -> List[tuple]:
