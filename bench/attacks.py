@@ -11,7 +11,7 @@ forges a claim token, sends a NaN step and an oversized frame; then,
 bypassing the service, writes malformed and NaN items to the Reverb port
 directly and sends the same pickle to every courier port of the program
 (Launchpad's servers, which listen on every interface and unpickle what
-they receive: README "Security"). The program must still reach its step
+they receive: docs/security.md). The program must still reach its step
 budget; the learner's rows say what it dropped.
 """
 

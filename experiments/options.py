@@ -75,7 +75,7 @@ FLAG_GROUPS = (
         'distributed', 'num_actors', 'actor_update_period', 'lp_terminal',
         'stop_grace', 'max_restarts', 'learner_processes',
         'coordinator_address')),
-    ('remote hosts (README "Security")', (
+    ('remote hosts (docs/security.md)', (
         'join_slots', 'join_port', 'bind', 'join_lease', 'join_max_envs',
         'join_secret_file', 'join', 'remote_learner_processes',
         'learner_peer')),
@@ -263,8 +263,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       'address), in <logdir>/join.json and learner_peers.json, '
                       "and where gloo listens for the learner processes' "
                       'collectives. Reverb and courier listen on every '
-                      'interface regardless: firewall them (README '
-                      '"Security").', **F)
+                      'interface regardless: firewall them '
+                      '(docs/security.md).', **F)
   flags.DEFINE_float('join_lease', 60.0, '--distributed: seconds without a '
                      "message after which a remote actor's join slots are "
                      'freed (it hangs; a closed connection frees them at '

@@ -46,6 +46,10 @@ and the Python client has no sample timeout, so the server is asked.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -202,7 +206,7 @@ class ReplaySampler:
               f'{len(dropped)} invalid replay items in a row (the last: '
               f'{self.last_drop_reason}): the replay holds no usable data. '
               'Something other than this run\'s actors writes to its Reverb '
-              'server (README "Security").')
+              'server (docs/security.md).')
     return rows
 
   def _draw(self, table: str, num: int) -> List[tuple]:
@@ -212,7 +216,7 @@ class ReplaySampler:
     # ``client.sample`` keeps one item in flight (buffer_size=1), a round
     # trip per item; the same pybind sampler with all ``num`` in flight lets
     # the server fetch them together (~2x faster for [16, 65] at size12m).
-    sampler = self._client._client.NewSampler(table, num, num)  # noqa: SLF001
+    sampler = new_sampler(self._client, table, num)
     out = []
     for _ in range(num):
       item = sampler.GetNextTrajectory()   # key, prob, size, priority, data
@@ -230,6 +234,50 @@ class ReplaySampler:
   def _assemble(self, rows: List[np.ndarray]) -> Dict[str, Any]:
     batch = annotate(self._layout.unpack(np.stack(rows)))
     return overlay_latents(batch, self._store)
+
+
+# Reverb 0.7's C++ log (reverb/cc/platform/default/logging.h) has no level to
+# set: every REVERB_LOG line goes to std::clog, i.e. to fd 2. Its
+# Client::NewSampler writes "Sampler and server are owned by the same process
+# ... accessed directly without gRPC" on its 1st, 2nd, 4th, 8th, ... call
+# (REVERB_LOG_EVERY_POW_2) when the table lives in this process: one line per
+# doubling of the updates of a one-process run, news to nobody. new_sampler
+# counts the calls the same way and points fd 2 at /dev/null for the
+# microseconds of exactly those calls.
+_sampler_calls = 0
+_calls_lock = threading.Lock()
+_mute_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _fd2_muted():
+  """fd 2 (C++ std::clog / std::cerr) to /dev/null inside the block."""
+  try:
+    sys.stderr.flush()
+  except (AttributeError, ValueError):
+    pass
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def new_sampler(client: reverb.Client, table: str, num: int):
+  """Reverb's pybind sampler of ``num`` items, all in flight at once, with
+  Reverb's same-process notice muted (comment above)."""
+  global _sampler_calls
+  with _calls_lock:
+    _sampler_calls += 1
+    call = _sampler_calls
+  if call & (call - 1):             # not a power of two: Reverb stays quiet
+    return client._client.NewSampler(table, num, num)  # noqa: SLF001
+  with _mute_lock, _fd2_muted():
+    return client._client.NewSampler(table, num, num)  # noqa: SLF001
 
 
 def overlay_latents(batch: Dict[str, Any],

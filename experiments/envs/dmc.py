@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from experiments.envs.protocol import ProtocolEnv, check_repeat
+from experiments.envs.protocol import ProtocolEnv, check_repeat, did_you_mean
 
 # The official DMC camera choice (embodied/envs/dmc.py DEFAULT_CAMERAS).
 DEFAULT_CAMERAS = {'quadruped': 2, 'rodent': 4}
@@ -116,7 +116,8 @@ def parse_task(name: str) -> Tuple[str, str]:
     if cand.lower() in lower:
       return lower[cand.lower()]
   raise ValueError(
-      f'Unknown dm_control task {name!r}. Valid tasks ("domain_task"): '
+      f'Unknown dm_control task {name!r}.{did_you_mean(key, table)} '
+      f'Valid tasks ("domain_task"): '
       f'{", ".join(sorted(table))}. The DMC-proprio benchmark (spec 7.5) '
       f'uses: {", ".join(DMC_PROPRIO_TASKS)}.')
 

@@ -25,7 +25,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from experiments.envs.protocol import gym_step_timestep
+from experiments.envs.protocol import did_you_mean, gym_step_timestep
 
 
 def _import():
@@ -39,7 +39,8 @@ def task_names() -> Tuple[str, ...]:
 
 
 def unknown_task_message(task: str, names) -> str:
-  return (f'Unknown gymnasium task {task!r}. Registered gymnasium tasks: '
+  return (f'Unknown gymnasium task {task!r}.{did_you_mean(task, names)} '
+          f'Registered gymnasium tasks: '
           f'{", ".join(names)}')
 
 

@@ -39,6 +39,7 @@ obs (spec 2.15).
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Dict, List, Optional, Tuple
 
 import dm_env as dm_env_lib
@@ -62,6 +63,19 @@ def gym_step_timestep(reward, observation, terminated: bool,
   if truncated:
     return dm_env_lib.truncation(reward, observation)
   return dm_env_lib.transition(reward, observation)
+
+
+def did_you_mean(name, choices) -> str:
+  """" Did you mean 'x'?" for the names of ``choices`` closest to ``name``
+  (difflib, case-insensitive; up to three), or '' when none is close."""
+  by_lower = {}
+  for choice in choices:
+    by_lower.setdefault(str(choice).lower(), str(choice))
+  close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=3,
+                                    cutoff=0.75)
+  if not close:
+    return ''
+  return f' Did you mean {" or ".join(repr(by_lower[c]) for c in close)}?'
 
 
 class ObservationError(ValueError):

@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import numpy as np
+
 from agent.config import DreamerConfig
 from agent.types import EnvSpaces, step_bytes
 from experiments.run.config import RunConfig, segment_seed
@@ -45,15 +47,32 @@ class DreamerExperiment:
     return self.config.seed
 
 
+# Agent steps of the probe episode make_experiment runs (or fewer, when the
+# episode ends first).
+PROBE_STEPS = 32
+
+
 def make_experiment(run: RunConfig, config: DreamerConfig,
                     join_workers: int = 0) -> DreamerExperiment:
-  """The experiment of ``run`` and ``config``: one env is made and closed
-  for its spaces first, so an env the agent cannot take fails here, before
-  anything is written (``experiments.envs.protocol``); then the replay's
-  memory is fitted to the machine (``fit_replay``)."""
+  """The experiment of ``run`` and ``config``. One env is made for its
+  spaces, reset and stepped with a neutral action (zeros, or index 0) to the
+  end of its first episode or ``PROBE_STEPS`` steps, then closed: an env the
+  agent cannot take, or whose first observations are non-finite or wrongly
+  shaped, fails here (``experiments.envs.protocol``, naming the key), before
+  the layout makes the run directory. Then the replay's memory is fitted to
+  the machine (``fit_replay``)."""
   env = run.make_env(1, segment_seed(0, 0))
-  spaces = env.spaces
-  env.close()
+  try:
+    spaces = env.spaces
+    action = (np.zeros((1,), np.int64) if spaces.discrete else
+              np.zeros((1, spaces.act_dim)))
+    step = env.reset()
+    for _ in range(PROBE_STEPS):
+      if step.observation['is_last'].all():
+        break
+      step = env.step(action)
+  finally:
+    env.close()
   config = fit_replay(run, config, spaces, memory_bytes())
   return experiment_of(run, config, spaces, join_workers)
 

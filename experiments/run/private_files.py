@@ -1,4 +1,4 @@
-"""Which files of a run may be read back (issue 29, README "Security").
+"""Which files of a run may be read back (issue 29, docs/security.md).
 
 A file the run reads back (a checkpoint, the run secret, the remote learner
 processes' settings) decides what the learner loads. So it must belong to

@@ -449,8 +449,26 @@ def read_learner_state(ckpt: str):
 # --- validation before anything is written ----------------------------------------
 
 
+def _file_in_the_way(path: str) -> Optional[str]:
+  """The first existing component of ``path`` that is not a directory (the
+  path itself, or a parent), or None."""
+  p = os.path.abspath(path)
+  while not os.path.lexists(p):
+    parent = os.path.dirname(p)
+    if parent == p:
+      return None
+    p = parent
+  return None if os.path.isdir(p) else p
+
+
 def check_logdir_writable(logdir: str) -> None:
   """ValueError naming --logdir when it cannot be created or written."""
+  blocker = _file_in_the_way(logdir)
+  if blocker is not None:
+    where = ('is a file' if blocker == os.path.abspath(logdir) else
+             f'cannot be made: {blocker} is a file')
+    raise ValueError(f'--logdir {logdir!r} {where}, not a directory; give '
+                     'a directory (a new one is made), or move the file')
   try:
     os.makedirs(logdir, exist_ok=True)
   except OSError as e:

@@ -38,6 +38,11 @@ if os.environ.get('MUJOCO_GL', 'disable') in ('', 'disable'):
   os.environ['MUJOCO_GL'] = 'egl'
 os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')  # pygame (gym) off-screen
 os.environ.setdefault('SDL_AUDIODRIVER', 'dummy')
+# imageio-ffmpeg starts ffmpeg with preexec_fn=os.setpgrp (so Ctrl-C does not
+# reach it); a preexec_fn runs Python's fork hooks, and jax's warns that
+# os.fork() "will likely lead to a deadlock". Its documented switch starts
+# ffmpeg without one (a Ctrl-C then stops ffmpeg too, as it stops this).
+os.environ.setdefault('IMAGEIO_FFMPEG_NO_PREVENT_SIGINT', '1')
 
 import numpy as np
 from absl import app, flags

@@ -85,8 +85,8 @@ class DistributedConfig:
     (``gloo_host``; ``addresses.py``: '0.0.0.0' is advertised as this
     machine's first non-loopback IPv4 address). Reverb and courier servers
     listen on every interface whatever this says (their servers take a port
-    only), so keep untrusted networks out with a firewall (README
-    "Security").
+    only), so keep untrusted networks out with a firewall
+    (docs/security.md).
   join_lease_s: a remote actor's claim ends after this long without a
     message while it is not waiting on the replay (it hangs), ``--join_lease``;
     a claim whose connection ends is freed at once.
