@@ -278,6 +278,108 @@ def test_run_files_other_users_could_write_are_refused(tmp_path):
     joiner_secret(str(run))
 
 
+@pytest.fixture
+def logdir_and_target(tmp_path):
+  """(a run directory of this user's, mode 0755; a file outside it that a
+  planted link points to, e.g. another user's or root's)."""
+  logdir = tmp_path / 'run'
+  logdir.mkdir(mode=0o755)
+  target = tmp_path / 'precious.conf'
+  target.write_text('do not touch\n')
+  return logdir, target
+
+
+def _run_config(logdir):
+  return RunConfig(task='cartpole_swingup', logdir=str(logdir),
+                   env_steps=1000, num_envs=1)
+
+
+@pytest.mark.parametrize('name', [rundir.METRICS_FILE, rundir.SCORES_FILE])
+def test_a_symlink_planted_at_a_log_file_is_refused_not_followed(
+    logdir_and_target, name):
+  """The issue's attack: a link at metrics.jsonl / scores.jsonl made a
+  fresh run truncate and fill the file it points to. The start refuses the
+  run directory by name; the writers and the rotation refuse to open the
+  link (O_NOFOLLOW); the target is untouched."""
+  from experiments.run import metrics
+  logdir, target = logdir_and_target
+  (logdir / name).symlink_to(target)
+  config = make_config(size='tiny', batch_size=2, batch_length=8)
+  with pytest.raises(ValueError, match=re.escape(
+      f"--logdir '{logdir}' is refused: {logdir / name} is a symbolic link")):
+    rundir.validate(_run_config(logdir), config, 'single_process')
+  with pytest.raises(private_files.UntrustedFileError, match='symbolic link'):
+    rundir.cut_file(str(logdir), name, 0)
+  if name == rundir.METRICS_FILE:
+    logger = metrics.RunLogger(str(logdir), tensorboard=False)
+    with pytest.raises(private_files.UntrustedFileError,
+                       match='symbolic link'):
+      logger.write({'kind': 'train', 'env_step': 1})
+  else:
+    with pytest.raises(private_files.UntrustedFileError,
+                       match='symbolic link'):
+      rundir.append_score(str(logdir), 'walker_walk', 2, 1.0, 0)
+  assert target.read_text() == 'do not touch\n'
+  assert sorted(os.listdir(logdir)) == [name]
+
+
+def test_rotation_never_writes_outside_the_run_directory(logdir_and_target):
+  """``cut_file`` moves a log's tail to ``<name>.discarded`` in the run
+  directory; a folder on the way that links out of it (eval/ -> elsewhere)
+  is refused, and so is a link at the .discarded file."""
+  logdir, target = logdir_and_target
+  (logdir / rundir.SCORES_FILE).write_text('a\nb\n')
+  assert rundir.cut_file(str(logdir), rundir.SCORES_FILE, 2) == 2
+  assert (logdir / rundir.SCORES_FILE).read_text() == 'a\n'
+  assert (logdir / (rundir.SCORES_FILE + '.discarded')).read_text() == 'b\n'
+  outside = target.parent / 'elsewhere'
+  outside.mkdir()
+  (outside / rundir.SCORES_FILE).write_text('x\ny\n')
+  (logdir / rundir.EVAL_DIR).symlink_to(outside)
+  with pytest.raises(private_files.UntrustedFileError,
+                     match='not inside the run directory'):
+    rundir.cut_file(str(logdir), os.path.join(rundir.EVAL_DIR,
+                                              rundir.SCORES_FILE), 2)
+  assert sorted(os.listdir(outside)) == [rundir.SCORES_FILE]
+  assert (outside / rundir.SCORES_FILE).read_text() == 'x\ny\n'
+  (logdir / rundir.METRICS_FILE).write_text('1\n2\n')
+  (logdir / (rundir.METRICS_FILE + '.discarded')).symlink_to(target)
+  with pytest.raises(private_files.UntrustedFileError, match='symbolic link'):
+    rundir.cut_file(str(logdir), rundir.METRICS_FILE, 2)
+  assert target.read_text() == 'do not touch\n'
+
+
+@pytest.mark.parametrize('how,match', [
+    ('chown', 'belongs to user id 65534, not to this user'),
+    (0o777, 'is writable by other users (mode 777)'),
+    (0o1777, 'is writable by other users (mode 1777)'),
+    (0o775, 'is writable by other users (mode 775)'),
+])
+def test_a_logdir_another_user_owns_or_may_write_is_refused_before_writing(
+    logdir_and_target, how, match):
+  """A run directory another user owns (chown to nobody, as root), or one
+  others may write (o+w, sticky or not; g+w, as for checkpoints: one rule,
+  ``private_files``), is refused by name before anything is written to it.
+  Run as root in such a folder, a planted link would have made the run
+  truncate root's files."""
+  logdir, _ = logdir_and_target
+  if how == 'chown':
+    assert os.getuid() == 0, 'the test chowns: run it as root'
+    os.chown(logdir, 65534, 65534)
+  else:
+    os.chmod(logdir, how)
+  config = make_config(size='tiny', batch_size=2, batch_length=8)
+  with pytest.raises(private_files.UntrustedFileError) as e:
+    rundir.validate(_run_config(logdir), config, 'single_process')
+  assert str(e.value).startswith(f"--logdir '{logdir}' is refused: ")
+  assert match in str(e.value) and 'nothing is written there' in str(e.value)
+  assert os.listdir(logdir) == []
+  os.chown(logdir, os.getuid(), os.getgid())
+  os.chmod(logdir, 0o755)
+  rundir.validate(_run_config(logdir), config, 'single_process')
+  assert os.listdir(logdir) == []          # the probe file is gone again
+
+
 def test_a_checkpoint_writable_by_others_is_not_resumed(tmp_path):
   """``rundir.check_checkpoint_files`` (run by ``validate`` before anything
   is loaded) refuses a checkpoint with a file others may write."""
