@@ -154,8 +154,9 @@ def _open_in(logdir: str, path: str, flags: int):
   ``logdir`` (``private_files.open_run_file``: no symlink, nothing outside
   ``logdir``)."""
   fd = open_run_file(path, flags, root=logdir)
-  mode = 'rb' if flags & os.O_ACCMODE == os.O_RDONLY else (
-      'ab' if flags & os.O_APPEND else 'r+b')
+  access = flags & os.O_ACCMODE
+  mode = ('rb' if access == os.O_RDONLY else 'ab' if flags & os.O_APPEND
+          else 'wb' if access == os.O_WRONLY else 'r+b')
   return os.fdopen(fd, mode)
 
 
