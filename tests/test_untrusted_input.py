@@ -393,6 +393,12 @@ def test_a_checkpoint_writable_by_others_is_not_resumed(tmp_path):
   os.chmod(ckpt / rundir.LEARNER_FILE, 0o666)
   with pytest.raises(ValueError, match='learner.npz is writable by other'):
     rundir.check_checkpoint_files(str(ckpt), str(logdir))
+  # ... and one whose file is a link (read through it, it could be any file).
+  os.chmod(ckpt / rundir.LEARNER_FILE, 0o644)
+  os.rename(ckpt / rundir.LEARNER_FILE, tmp_path / 'elsewhere.npz')
+  (ckpt / rundir.LEARNER_FILE).symlink_to(tmp_path / 'elsewhere.npz')
+  with pytest.raises(ValueError, match='learner.npz is a symbolic link'):
+    rundir.check_checkpoint_files(str(ckpt), str(logdir))
 
 
 def test_learner_state_round_trips_without_pickle_and_refuses_another_model(

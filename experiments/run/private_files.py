@@ -1,4 +1,5 @@
-"""Which files of a run may be read back (issue 29, README "Security").
+"""Which files of a run may be read back (issue 29, README "Security"),
+and how the run opens the files it writes.
 
 A file the run reads back (a checkpoint, the run secret, the remote learner
 processes' settings) decides what the learner loads. So it must belong to
@@ -120,10 +121,14 @@ def open_run_file(path: str, flags: int, mode: int = 0o644,
 
 
 def check_private_tree(root: str) -> None:
-  """``check_private`` for ``root`` and every file and folder under it."""
+  """``check_private`` for ``root`` and every file and folder under it,
+  none of which may be a symbolic link (a checkpoint is read as written,
+  never through a link to elsewhere)."""
+  check_not_link(root)
   _check_one(root, False)
   for folder, dirs, files in os.walk(root):
     for name in dirs + files:
+      check_not_link(os.path.join(folder, name))
       _check_one(os.path.join(folder, name), False)
 
 
