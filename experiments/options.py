@@ -205,7 +205,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                      'rewards: [0, 1] per control step; actions: the '
                      "policy's range); steps beyond it are refused, and "
                      'sampled items beyond it dropped '
-                     '(reverb_tables/step_checks.py).', **F)
+                     '(reverb_tables/step_checks.py); inf: no limit.', **F)
   # The Launchpad layout (experiments/layouts/distributed/).
   flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
                     '(experiments/layouts/distributed/).', **F)

@@ -55,7 +55,8 @@ class StepBounds:
   """The plausible values of a stored step (module doc).
 
   value_limit: largest |value| of a float observation, and of the reward /
-    action when they have no range of their own.
+    action when they have no range of their own (inf: no limit, finite
+    values only).
   reward: (low, high) of a stored reward, where the env declares one.
   action: (low, high) of a stored continuous action (the policy's range).
   one_hot_action: stored actions are one-hot (a discrete policy).
@@ -68,9 +69,9 @@ class StepBounds:
   def __post_init__(self):
     limit = self.value_limit
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (
-        math.isfinite(limit) and limit > 0):
-      raise ValueError(f'the replay value limit must be a finite number > 0, '
-                       f'got {limit!r}')
+        limit > 0):
+      raise ValueError(f'the replay value limit (--replay_value_limit) must '
+                       f'be > 0 (inf: none), got {limit!r}')
     for name in ('reward', 'action'):
       pair = getattr(self, name)
       if pair is not None and not (

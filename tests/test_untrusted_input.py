@@ -164,9 +164,18 @@ def test_the_value_limit_is_the_runs_to_state_and_a_users_to_override(
       adder.add_batch(_step(builder, 1, **{'observation/velocity': 2e31}))
   finally:
     server.stop()
-  for bad in (0.0, -1.0):
+  for bad in (0.0, -1.0, float('nan')):
     with pytest.raises(ValueError, match='--replay_value_limit must be > 0'):
       _dmc_replay(tmp_path, replay_value_limit=bad)
+  builder, server, client = _dmc_replay(tmp_path,       # inf: finite only
+                                        replay_value_limit=float('inf'))
+  try:
+    adder = builder.make_adder(client)
+    adder.add_batch(_step(builder, 0, **{'observation/velocity': 3e38}))
+    with pytest.raises(ValueError, match="'reward' is outside the env's"):
+      adder.add_batch(_step(builder, 1, reward=1e30))   # its range still holds
+  finally:
+    server.stop()
 
 
 def test_a_discrete_policy_stores_one_hot_actions_only(tmp_path):
