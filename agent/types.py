@@ -20,13 +20,14 @@ index 0 is the replay context, indices 1..T are trained.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Tuple
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 from dm_env import specs
 
 from agent import cnn
 from agent.config import DreamerConfig, latent_store_np_dtype
+from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT, StepBounds
 
 OBS_KEY = 'observation'
 LATENT_KEY = 'latent'
@@ -136,6 +137,21 @@ def step_bytes(spaces: EnvSpaces, config: DreamerConfig) -> int:
   import jax
   return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
              for s in jax.tree_util.tree_leaves(step_spec(spaces, config)))
+
+
+def step_bounds(spaces: EnvSpaces, config: DreamerConfig, *,
+                reward: Optional[Tuple[float, float]] = None,
+                value_limit: float = DEFAULT_VALUE_LIMIT) -> StepBounds:
+  """The plausible values of a stored step (``reverb_tables.step_checks``):
+  the policy's actions (a one-hot, or the bounded-normal sample's range,
+  ``BoundedNormal.sample_range``), the env's declared ``reward`` range
+  (None: none declared) and the run's ``value_limit`` for the rest."""
+  from agent.distributions import BoundedNormal
+  if spaces.discrete:
+    return StepBounds(value_limit=value_limit, reward=reward,
+                      one_hot_action=True)
+  return StepBounds(value_limit=value_limit, reward=reward,
+                    action=BoundedNormal.sample_range(config.maxstd))
 
 
 def zeros_like_spec(spec, leading=()):

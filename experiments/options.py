@@ -35,6 +35,7 @@ from experiments.layouts.distributed.settings import RULES, DistributedConfig
 from experiments.run.config import (
     RUN_RULES, RunConfig, check_max_skipped, rule_ok, rule_text)
 from experiments.run.experiment import DreamerExperiment, make_experiment
+from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
 # Flags that map onto DreamerConfig fields directly (flag name == field name).
 CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
@@ -45,8 +46,9 @@ FLAG_NAMES = (
     'eval_policy', 'checkpoint_every', 'log_every', 'learner_log_every',
     'progress_every',
     'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
-    'image', 'proprio', 'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
-    'jax_cache_dir', 'learner_devices', 'policy_device', 'max_skipped_updates')
+    'image', 'proprio', 'chunk_length', 'config_overrides', 'learner_prefetch',
+    'report', 'jax_cache_dir', 'learner_devices', 'policy_device',
+    'max_skipped_updates', 'replay_value_limit')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace', 'max_restarts',
                    'learner_processes', 'coordinator_address',
@@ -66,7 +68,7 @@ FLAG_GROUPS = (
     ('model', ('size', 'compute_dtype', 'batch_size', 'batch_length',
                'config_overrides', 'learner_devices', 'policy_device')),
     ('replay', ('train_ratio', 'replay_capacity', 'train_fill',
-                'chunk_length', 'learner_prefetch')),
+                'chunk_length', 'learner_prefetch', 'replay_value_limit')),
     ('evaluation, logs and checkpoints', (
         'eval_every', 'eval_episodes', 'eval_policy', 'log_every',
         'learner_log_every', 'progress_every', 'checkpoint_every', 'report',
@@ -204,6 +206,13 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'which the run stops with a message naming the last '
                        'good checkpoint (experiments/run/health.py); 0 = '
                        'never.', **F)
+  flags.DEFINE_float('replay_value_limit', DEFAULT_VALUE_LIMIT,
+                     'Largest |value| of a stored observation, and of a '
+                     'reward or action without a declared range (dm_control '
+                     'rewards: [0, 1] per control step; actions: the '
+                     "policy's range); steps beyond it are refused, and "
+                     'sampled items beyond it dropped '
+                     '(reverb_tables/step_checks.py); inf: no limit.', **F)
   # The Launchpad layout (experiments/layouts/distributed/).
   flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
                     '(experiments/layouts/distributed/).', **F)
@@ -521,7 +530,8 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
       image=fv.image, proprio=fv.proprio, chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
       report=fv.report, jax_cache_dir=jax_cache_dir(fv, logdir),
       learner_devices=fv.learner_devices, policy_device=fv.policy_device,
-      max_skipped_updates=fv.max_skipped_updates, flags_text=text)
+      max_skipped_updates=fv.max_skipped_updates,
+      replay_value_limit=fv.replay_value_limit, flags_text=text)
   dist = None
   if fv.distributed:
     dist = DistributedConfig(

@@ -30,8 +30,9 @@ layout of ``agent.types`` exactly as before.
 Invalid items (defence in depth, issue 29): every step that enters through
 the adder was checked there, but the Reverb port takes inserts from anyone
 who reaches it. A sampled item whose column has the wrong shape, or a step
-with a problem of ``reverb_tables.step_checks`` (non-finite values, latent
-classes out of range, a step id outside the latent store's workers), is
+with a problem of ``reverb_tables.step_checks`` (non-finite or implausible
+values, latent classes out of range, a step id outside the latent store's
+workers: the adder's rule, with the same ``StepBounds``), is
 deleted from its table, counted (``num_dropped``, ``replay/dropped_items``)
 and replaced by another uniform draw, so it never reaches the update, where
 it would be taken for divergence or crash the latent store. After
@@ -59,7 +60,7 @@ from reverb_tables.config import ReplayConfig
 from reverb_tables.adder import step_layout_from_server
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.packing import StepLayout
-from reverb_tables.step_checks import step_problems
+from reverb_tables.step_checks import StepBounds, step_problems
 from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE, table_stats
 
 LATENT_KEY = 'latent'
@@ -100,6 +101,8 @@ class ReplaySampler:
       from them, are the whole learner's.
     num_workers: env workers of the step-id layout (the latent store's);
       an item with a step id of another worker is dropped (module doc).
+    bounds: the plausible values of a step (``step_checks.StepBounds``,
+      the adders'); None: the value limit alone.
   """
 
   def __init__(self, client: reverb.Client, config: ReplayConfig,
@@ -108,8 +111,10 @@ class ReplaySampler:
                uniform_table: str = UNIFORM_TABLE,
                online_table: str = ONLINE_TABLE, take_online: bool = True,
                peer_uniform_rows: int = 0,
-               num_workers: Optional[int] = None):
+               num_workers: Optional[int] = None,
+               bounds: Optional[StepBounds] = None):
     config = ReplayConfig.of(config)
+    self._bounds = StepBounds() if bounds is None else bounds
     self._client = client
     self._config = config
     self._store = latent_store
@@ -189,7 +194,7 @@ class ReplaySampler:
       if good:
         steps = self._layout.unpack(np.stack([d for _, d in good]))
         invalid, reasons = step_problems(steps, 2, self._config.classes,
-                                         self._num_workers)
+                                         self._num_workers, self._bounds)
         for (key, data), no in zip(good, np.atleast_1d(invalid)):
           (bad.append(key) if no else rows.append(data))
         if reasons:

@@ -300,12 +300,19 @@ def test_forged_and_stale_claim_tokens_are_refused(program):
     ('step_id', "'step_id' must be"),
     ('classes', "'latent/stoch' holds a class index"),
     ('orphan', 'not is_first outside an episode'),
+    ('reward', "'reward' is outside the env's declared range [0, 2]"),
+    ('obs', "'observation/velocity' holds |value| 1e+30 > the replay value "
+     'limit'),
+    ('action', "'action' is outside the policy's range [-7, 7]"),
 ])
 def test_bad_steps_are_refused_and_nothing_stored_changes(program, bad,
                                                           match):
   """A claim sends one bad vector step (after a good one, or as its first):
   refused with the key named, counted, its claim ends; nothing stored or
-  counted changes."""
+  counted changes. Finite but implausible values too (``step_checks``:
+  dm_control rewards, the policy's actions, the value limit), and the
+  episode that a bad step ends writes no score: the issue's one-step
+  episodes of reward 1e30 put 1e30 into scores.jsonl."""
   spec, service, replay, counter = program
   conn, ticket = _claim(service, spec, 2)
   k = 1
@@ -325,6 +332,15 @@ def test_bad_steps_are_refused_and_nothing_stored_changes(program, bad,
     arrays[names.index('step_id')][:, 1] += 10**6
   elif bad == 'classes':
     arrays[names.index('latent/stoch')][0, 0] = spec.config.classes
+  elif bad == 'reward':               # ... and it ends both envs' episodes
+    arrays[names.index('reward')][1] = 1e30
+    arrays[names.index('is_last')][:] = True
+  elif bad == 'obs':
+    arrays[names.index('observation/velocity')][0, 1] = 1e30
+  elif bad == 'action':
+    arrays[names.index('action')][1, 0] = -8.0
+  scores_file = os.path.join(spec.run.logdir, rundir.SCORES_FILE)
+  scores = os.path.getsize(scores_file) if os.path.exists(scores_file) else 0
   steps = counter.get_counts().get('actor_steps', 0)
   size, refused = _uniform_size(replay), service.row()['join/refused']
   _send_steps(conn, ticket, arrays)
@@ -334,6 +350,8 @@ def test_bad_steps_are_refused_and_nothing_stored_changes(program, bad,
   assert _uniform_size(replay) == size
   assert counter.get_counts().get('actor_steps', 0) == steps
   assert row['join/actors'] == 0
+  assert (os.path.getsize(scores_file) if os.path.exists(scores_file)
+          else 0) == scores
   del k
 
 

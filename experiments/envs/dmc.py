@@ -59,6 +59,16 @@ DMC_PROPRIO_TASKS: Tuple[str, ...] = (
 # Spec 7.5: action repeat 2 in the paper protocol.
 DEFAULT_ACTION_REPEAT = 2
 
+# A dm_control suite task's reward per control step: the suite's rewards
+# are in the unit interval by design (Tassa et al. 2018, "DeepMind Control
+# Suite"; products of ``rewards.tolerance`` terms, indicators or their
+# means, read from each domain's get_reward), though its reward_spec
+# declares no bounds. Not lqr's: 1 - a quadratic cost, unbounded below
+# (``UNBOUNDED_REWARD_DOMAINS``). The replay refuses stored rewards outside
+# it (``suites.reward_range``).
+REWARD_RANGE = (0.0, 1.0)
+UNBOUNDED_REWARD_DOMAINS = ('lqr',)
+
 # The reference (embodied/envs/dmc.py) spells ball_in_cup as 'cup'.
 _DOMAIN_ALIASES = {'cup': 'ball_in_cup'}
 

@@ -26,7 +26,7 @@ have (listing what it has), so flags fail before anything is written.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import dm_env
 
@@ -69,6 +69,20 @@ def check_task(suite: str, task: str, time_limit: Optional[float] = None,
                      'used as an image)')
   if suite == 'dmc':
     dmc.check_observations(image, proprio)
+
+
+def reward_range(suite: str, task: str, action_repeat: int
+                 ) -> Optional[Tuple[float, float]]:
+  """(low, high) of a stored reward (one agent step: the sum of up to
+  ``action_repeat`` control steps' rewards, 0 at a reset, spec 7.2, 7.5)
+  where the suite declares a reward range per control step (dm_control:
+  ``dmc.REWARD_RANGE``); None where it does not (gym, gymnasium, custom,
+  dm_control's lqr: the replay's value limit applies,
+  ``reverb_tables.step_checks``)."""
+  if suite != 'dmc' or dmc.parse_task(task)[0] in dmc.UNBOUNDED_REWARD_DOMAINS:
+    return None
+  lo, hi = dmc.REWARD_RANGE
+  return (min(0.0, lo * action_repeat), max(0.0, hi * action_repeat))
 
 
 def make_env(suite: str, task: str, action_repeat: int, seed: int, *,

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from experiments.envs import suites
 from experiments.envs.vector import VectorEnv
+from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
 # Segment r of a run seeds its training envs from seed + SEGMENT_SEED_STRIDE*r;
 # its eval envs add EVAL_SEED_OFFSET; the k-th in-place restart of a
@@ -59,6 +60,7 @@ RUN_RULES: Dict[str, Rule] = {
     'eval_every': ('eval_every', 0, None, False),
     'learner_devices': ('learner_devices', 1, None, False),
     'policy_device': ('policy_device', 0, None, False),
+    'replay_value_limit': ('replay_value_limit', 0, None, True),
 }
 
 
@@ -117,6 +119,10 @@ class RunConfig:
   checkpointed with N devices resumes with M.
   max_skipped_updates: consecutive skipped (non-finite) updates after which
   the run stops (``experiments.run.health.SkipGuard``, issue 22); 0 never.
+  replay_value_limit: the largest |value| of a stored observation, and of
+  a reward or action without a declared range; the replay refuses (adders)
+  and drops (the learner's sampler) steps beyond it
+  (``reverb_tables.step_checks``). Not resume-fixed.
   """
   task: str
   logdir: str
@@ -141,6 +147,7 @@ class RunConfig:
   learner_devices: int = 1                # data-parallel update (agent.parallel)
   policy_device: int = 0                  # device serving acting params
   max_skipped_updates: int = 100          # experiments.run.health; 0 = never stop
+  replay_value_limit: float = DEFAULT_VALUE_LIMIT   # reverb_tables.step_checks
   flags_text: str = ''
   verbose: bool = True
   # suite 'custom': seed -> dm_env.Environment (not saved; give it again to

@@ -31,6 +31,7 @@ import numpy as np
 
 from agent.config import DreamerConfig
 from agent.types import EnvSpaces, step_bytes
+from experiments.envs import suites
 from experiments.run.config import RunConfig, segment_seed
 
 
@@ -122,11 +123,16 @@ def experiment_of(run: RunConfig, config: DreamerConfig, spaces: EnvSpaces,
   """The experiment for known ``spaces`` (another host's settings,
   ``ProgramSettings.from_json``): no env is made."""
   from agent.builder import DreamerBuilder
+  from agent.types import step_bounds
 
   builder = DreamerBuilder(
       config, spaces, num_envs=run.num_envs, chunk_length=run.chunk_length,
       eval_policy=run.eval_policy, prefetch=run.prefetch,
       learner_devices=run.learner_devices, policy_device=run.policy_device,
-      join_workers=join_workers)
+      join_workers=join_workers, step_bounds=step_bounds(
+          spaces, config,
+          reward=suites.reward_range(run.suite, run.task,
+                                     run.action_repeat),
+          value_limit=run.replay_value_limit))
   return DreamerExperiment(run=run, config=config, spaces=spaces,
                            builder=builder)

@@ -25,6 +25,7 @@ import numpy as np
 
 import agent  # noqa: F401  (jax compat before acme)
 from acme.utils.loggers import base as loggers_base
+from experiments.run.private_files import open_run_file
 from experiments.run.rundir import METRICS_FILE, TB_DIR, jsonable
 
 
@@ -33,10 +34,12 @@ class RunLogger(loggers_base.Logger):
 
   Rows are dicts with 'kind' ('train' / 'eval') and 'env_step' (the
   TensorBoard step); each row is one O_APPEND write, so the learner and the
-  evaluator processes of a distributed run can share the file.
+  evaluator processes of a distributed run can share the file. The file is
+  never opened through a symbolic link (``private_files.open_run_file``).
   """
 
   def __init__(self, logdir: str, tensorboard: bool = True):
+    self._logdir = logdir
     self._path = os.path.join(logdir, METRICS_FILE)
     self._tb = None
     if tensorboard:
@@ -47,7 +50,8 @@ class RunLogger(loggers_base.Logger):
   def write(self, row: Mapping[str, Any]) -> None:
     clean = {k: jsonable(v) for k, v in row.items()}
     line = (json.dumps(clean) + '\n').encode()
-    fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_run_file(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                       root=self._logdir)
     try:
       os.write(fd, line)
     finally:
