@@ -10,6 +10,8 @@ from agent.types import EnvSpaces
 # Walker-like observation spaces (dm_control walker: 14 + 1 + 9 features).
 WALKER_SPACES = EnvSpaces(obs={'orientations': (14,), 'height': (1,), 'velocity': (9,)},
                           act_dim=6)
+# DMC vision (spec 2.10): one 64x64 RGB frame, walker's 6 actions.
+IMAGE_SPACES = EnvSpaces(obs={'image': (64, 64, 3)}, act_dim=6)
 
 
 def make_batch(spaces: EnvSpaces, config: DreamerConfig, seed: int = 0,
