@@ -48,6 +48,32 @@ def test_train_from_pixels_in_one_process(tmp_path, jax_cache_dir):
   with open(os.path.join(ckpt, 'config.json')) as f:
     saved = json.load(f)
   assert saved['spaces']['obs'] == {'image': [48, 48, 1]}
+  _watch_acts_from_images(logdir, tmp_path)
+
+
+def _watch_acts_from_images(logdir, tmp_path):
+  """load_policy acts from frames; watch's open loop writes truth |
+  prediction | error frames for the image key (context green, imagined red)."""
+  from experiments.tools import watch
+  from experiments.tools.load_policy import load_policy
+  policy = load_policy(logdir)
+  env = ProtocolEnv(PixelEnv(seed=5), name='pixel_dot')
+  _, records = watch.record(policy, env, episodes=1, frames=False)
+  episode = records[0]
+  assert episode['obs']['image'].shape == (21, 48, 48, 1)
+  pred = watch.open_loop(watch.load_params(logdir, policy.checkpoint),
+                         policy.spaces, policy.config, episode, context=5,
+                         horizon=10)
+  assert pred['obs']['image'].shape == (15, 48, 48, 1)
+  assert 0 <= pred['obs']['image'].min() and pred['obs']['image'].max() <= 1
+  frames = watch.open_loop_frames(episode, pred, 5, 'image', scale=1)
+  assert len(frames) == 15 and frames[0].shape == (52, 3 * 48 + 4, 3)
+  truth = frames[7][2:-2, 2:50, 0]
+  np.testing.assert_array_equal(truth, episode['obs']['image'][7, :, :, 0])
+  assert tuple(frames[0][0, 0]) == (0, 200, 0) and tuple(frames[9][0, 0]) == (220, 0, 0)
+  out = tmp_path / 'openloop_image.gif'
+  watch.write_video(str(out), frames, fps=5)
+  assert out.stat().st_size > 1000
 
 
 @pytest.mark.parametrize('proprio', [False, True])
@@ -144,3 +170,32 @@ def test_replay_capacity_is_fitted_to_memory_before_anything_is_written(tmp_path
   small = fit_replay(run, config.replace(replay_capacity=100_000), spaces, memory)
   assert small.replay_capacity == 100_000
   assert not (tmp_path / 'r').exists()
+
+
+@pytest.mark.parametrize('library', ['gym', 'gymnasium'])
+def test_gym_and_gymnasium_box_uint8_images_are_images(library):
+  """A Box(0, 255, (48, 48, 3), uint8) observation space is one image key."""
+  import importlib
+  lib = importlib.import_module(library)
+
+  class Pix(lib.Env):
+    observation_space = lib.spaces.Box(0, 255, (48, 48, 3), np.uint8)
+    action_space = lib.spaces.Discrete(3)
+
+    def reset(self, seed=None, options=None):
+      return np.full((48, 48, 3), 7, np.uint8), {}
+
+    def step(self, action):
+      return np.full((48, 48, 3), int(action), np.uint8), 1.0, False, False, {}
+
+  if library == 'gym':
+    from experiments.envs.gym import GymWrapper
+    inner = GymWrapper(Pix())
+  else:
+    from experiments.envs.gymnasium import GymnasiumEnv
+    inner = GymnasiumEnv(Pix(), 'pix')
+  env = ProtocolEnv(inner, name='pix')
+  assert env.spaces.image_keys == ('image',) and env.discrete
+  assert env.reset()['image'].dtype == np.uint8
+  obs = env.step(2)
+  assert obs['image'].dtype == np.uint8 and (obs['image'] == 2).all()

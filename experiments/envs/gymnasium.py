@@ -59,12 +59,12 @@ def observation_spec(space, task: str):
     for key, sub in space.spaces.items():
       if not isinstance(sub, spaces.Box):
         raise ValueError(f'{task}: observation key {key!r} is a '
-                         f'{type(sub).__name__} space; only Box (vector) '
-                         'observations are supported')
+                         f'{type(sub).__name__} space; only Box observations (vectors, '
+                         'or uint8 (H, W, C) images) are supported')
       out[key] = _box_spec(sub, key)
     return out
   raise ValueError(f'{task}: observation space {space} is not supported; use '
-                   'a Box or a Dict of Box (vector observations)')
+                   'a Box or a Dict of Box (vectors, or uint8 (H, W, C) images)')
 
 
 def action_spec(space, task: str):

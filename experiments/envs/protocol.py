@@ -21,7 +21,8 @@ a user's own ``dm_env`` factory). Spec items implemented here:
   7.5  Action repeat: rewards summed, stopping early at a LAST step; reset
        steps are not repeated.
   2.9  Vector observations: a dict of arrays (nested dicts are flattened
-       with '_', '/' becomes '_') or a single array (key ``'vector'``);
+       with '_', '/' becomes '_') or a single array (key ``'vector'``, or
+       ``'image'`` for a single image);
        scalars become shape (1,), values float32.
   2.10 Images: a uint8 observation of rank 3 (H, W, C) is an image key,
        passed on as uint8. A float or other-rank image, or a side outside the
@@ -51,6 +52,7 @@ from agent.types import EnvSpaces, is_image_shape
 
 RESERVED_KEYS = ('reward', 'is_first', 'is_last', 'is_terminal')
 SINGLE_OBS_KEY = 'vector'
+SINGLE_IMAGE_KEY = 'image'       # a single uint8 (H, W, C) array
 
 
 def gym_step_timestep(reward, observation, terminated: bool,
@@ -92,7 +94,8 @@ def check_repeat(action_repeat) -> int:
 def _flatten_spec(spec, prefix='') -> List[Tuple[Tuple[str, ...], str, Any]]:
   """[(path, key, array spec)] of a dict (possibly nested) or a single array."""
   if isinstance(spec, specs.Array):
-    return [((), prefix or SINGLE_OBS_KEY, spec)]
+    image = len(spec.shape) == 3 and np.dtype(spec.dtype) == np.uint8
+    return [((), prefix or (SINGLE_IMAGE_KEY if image else SINGLE_OBS_KEY), spec)]
   if isinstance(spec, dict) or hasattr(spec, 'items'):
     out = []
     for raw, sub in spec.items():
