@@ -19,9 +19,10 @@ Parameters are created by ``encoder_weights`` / ``decoder_weights`` inside the
 'enc' and 'dec' Haiku modules (names as the official modules': cnn{i},
 cnn{i}norm; sp0, sp1, sp1norm, sp2, spnorm, conv{i}, conv{i}norm, imgout) and
 consumed by the pure functions below, like the vector blocks (agent.blocks).
-The conv is ``jax.lax.conv_general_dilated`` (NHWC, HWIO), the max-pool a
-reshape and max, the upsampling ``repeat``: the operations the official code
-uses, so that the goldens (tests/test_cnn.py) agree to float32 rounding.
+The conv is ``jax.lax.conv_general_dilated`` (NHWC, HWIO) and the max-pool a
+reshape and max, as in the official code; the decoder's upsample-then-conv
+runs as one low-resolution conv per output phase (``_upsample_conv``, the
+same sums). The goldens (tests/test_cnn.py) agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Dict, Mapping, Sequence, Tuple
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from agent import blocks
 
@@ -143,7 +145,42 @@ def _max_pool(x):
 
 
 def _upsample(x):
+  """Nearest x2 upsampling (the official decoder's ``repeat``)."""
   return x.repeat(2, -2).repeat(2, -3)
+
+
+# Nearest x2 upsampling then a 5-tap SAME conv, per output phase p (even or
+# odd row/column): the 5 taps land on 3 low-resolution neighbours (-1, 0, +1).
+# Row a of _PHASE_TAPS[p] sums the taps that read neighbour a.
+_PHASE_TAPS = np.array([[[1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]],
+                        [[1, 0, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 0, 1, 1]]],
+                       np.float32)
+
+
+def _upsample_conv(x, layer):
+  """conv(upsample(x)) computed at the low resolution (spec 2.10's decoder
+  stage, the same sums in another order).
+
+  Upsampling by nearest x2 and then convolving with a 5x5 kernel gives, for
+  each of the 4 output phases, a 3x3 conv of x with the kernel's taps summed
+  per low-resolution neighbour (zero padding maps to zero padding). One 3x3
+  conv with the 4 phase kernels stacked on the output channels, then a
+  depth-to-space, does 9/25 of the multiply-adds and never materialises the
+  upsampled map: on 2 CPU cores the size12m decoder's gradient ran ~3x faster
+  than the upsample-then-conv form (bench: 256 frames, 7.9 s -> 2.6 s for
+  encoder + decoder). tests/test_cnn.py checks it against the literal form."""
+  if layer['w'].shape[:2] != (5, 5):       # _PHASE_TAPS is kernel 5's table
+    return _conv(_upsample(x), layer)
+  w = layer['w'].astype(x.dtype)                                  # [5, 5, i, o]
+  taps = jnp.asarray(_PHASE_TAPS, x.dtype)
+  k = jnp.einsum('pad,qbe,deio->abipqo', taps, taps, w)          # [3, 3, i, 2, 2, o]
+  cin, cout = w.shape[2], w.shape[3]
+  y = jax.lax.conv_general_dilated(
+      x, k.reshape(3, 3, cin, 4 * cout), (1, 1), 'SAME',
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  n, h, wd, _ = y.shape
+  y = y.reshape(n, h, wd, 2, 2, cout).transpose(0, 1, 3, 2, 4, 5)
+  return y.reshape(n, 2 * h, 2 * wd, cout) + layer['b'].astype(x.dtype)
 
 
 def stack_images(obs: Mapping[str, jnp.ndarray], keys: Sequence[str]):
@@ -178,8 +215,8 @@ def decode(W, deter, stoch_flat, shape: Sequence[int], eps: float):
   x1 = blocks.dense(x1, W['sp2']['w'], W['sp2']['b']).reshape((-1, h, w, c_last))
   x = _norm_act(x0 + x1, W['spnorm'], eps)
   for layer in W['convs']:
-    x = _norm_act(_conv(_upsample(x), layer), layer['scale'], eps)
-  x = jax.nn.sigmoid(_conv(_upsample(x), W['imgout']).astype(jnp.float32))
+    x = _norm_act(_upsample_conv(x, layer), layer['scale'], eps)
+  x = jax.nn.sigmoid(_upsample_conv(x, W['imgout']).astype(jnp.float32))
   return x.reshape(lead + x.shape[1:])
 
 

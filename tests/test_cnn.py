@@ -178,3 +178,32 @@ def test_sizes_outside_the_resolution_rule_are_refused_by_name(shape):
 def test_image_keys_of_different_sides_are_refused():
   with pytest.raises(ValueError, match='share one height and width'):
     EnvSpaces(obs={'a': (64, 64, 3), 'b': (48, 48, 3)}, act_dim=2)
+
+
+def test_low_resolution_decoder_stage_is_upsample_then_conv():
+  """The decoder's stage equals nearest x2 upsampling (written out with
+  np.repeat) followed by a 5x5 SAME conv (written out as a loop over taps),
+  values and kernel gradient."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(2, 6, 5, 4)).astype(np.float32)
+  w = rng.normal(size=(5, 5, 4, 3)).astype(np.float32)
+  b = rng.normal(size=(3,)).astype(np.float32)
+
+  def literal(x, w):
+    up = jnp.repeat(jnp.repeat(x, 2, 1), 2, 2)
+    pad = jnp.pad(up, ((0, 0), (2, 2), (2, 2), (0, 0)))
+    H, W = up.shape[1:3]
+    out = 0.0
+    for dy in range(5):
+      for dx in range(5):
+        out = out + pad[:, dy:dy + H, dx:dx + W] @ w[dy, dx]
+    return out + b
+
+  got = cnn._upsample_conv(jnp.asarray(x), {'w': jnp.asarray(w), 'b': jnp.asarray(b)})
+  want = literal(jnp.asarray(x), jnp.asarray(w))
+  assert got.shape == (2, 12, 10, 3)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+  g_got = jax.grad(lambda w: (cnn._upsample_conv(
+      jnp.asarray(x), {'w': w, 'b': jnp.asarray(b)}) ** 2).sum())(jnp.asarray(w))
+  g_want = jax.grad(lambda w: (literal(jnp.asarray(x), w) ** 2).sum())(jnp.asarray(w))
+  np.testing.assert_allclose(g_got, g_want, rtol=1e-4, atol=1e-2)
