@@ -27,9 +27,12 @@ from experiments.envs.vector import DEFAULT_NUM_ENVS, VectorEnv  # noqa: E402
 
 def measure_steps_per_second(task: str, num_envs: int = DEFAULT_NUM_ENVS,
                              action_repeat: int = DEFAULT_ACTION_REPEAT,
-                             agent_steps: int = 200, seed: int = 0) -> dict:
-  """Times ``agent_steps`` vector steps with uniform random actions."""
-  envs = VectorEnv(task, num_envs, action_repeat, seed)
+                             agent_steps: int = 200, seed: int = 0,
+                             image: bool = False, proprio: bool = True) -> dict:
+  """Times ``agent_steps`` vector steps with uniform random actions
+  (``image``: DMC vision frames rendered with MuJoCo EGL, spec 2.10)."""
+  envs = VectorEnv(task, num_envs, action_repeat, seed, image=image,
+                   proprio=proprio)
   rng = np.random.default_rng(seed)
   envs.reset()
   start_agent, start_env = envs.agent_steps, envs.env_steps
@@ -53,10 +56,14 @@ def main() -> None:
   parser.add_argument('--num_envs', type=int, default=DEFAULT_NUM_ENVS)
   parser.add_argument('--repeat', type=int, default=DEFAULT_ACTION_REPEAT)
   parser.add_argument('--steps', type=int, default=500)
+  parser.add_argument('--image', action='store_true',
+                      help='render 64x64 frames (DMC vision, no proprio keys)')
   args = parser.parse_args()
   for name in args.tasks:
-    r = measure_steps_per_second(name, args.num_envs, args.repeat, args.steps)
-    print(f"{r['task']}: {r['num_envs']} envs, {r['vector_steps_per_s']:.1f} "
+    r = measure_steps_per_second(name, args.num_envs, args.repeat, args.steps,
+                                 image=args.image, proprio=not args.image)
+    print(f"{r['task']}{' (image)' if args.image else ''}: {r['num_envs']} "
+          f"envs, {r['vector_steps_per_s']:.1f} "
           f"vector steps/s, {r['agent_steps_per_s']:.0f} agent steps/s, "
           f"{r['env_steps_per_s']:.0f} env steps/s")
 

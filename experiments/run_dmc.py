@@ -84,7 +84,8 @@ def start(experiment: DreamerExperiment,
     stopped = (summary.get('stopped') or
                summary.get('stopped_by') == 'signal')
     if run.report and not stopped and not summary.get('already_done'):
-      summary['report'] = report.write_run_report(run.logdir)
+      summary['report'] = report.write_run_report(
+          run.logdir, report.anchor_file(run.image))
     return summary
   return run_and_report
 

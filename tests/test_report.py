@@ -243,3 +243,17 @@ def test_plotted_x_axis_labels_are_readable_at_every_budget(budget):
     labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
     assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
   plt.close(fig)
+
+
+def test_dmc_vision_anchors_are_binned_per_seed():
+  """The DMC-vision file's per-episode xs differ between seeds on some tasks
+  (walker_walk): each seed is binned to 10K steps on the common bins."""
+  from experiments.tools import report as report_lib
+  anchors = report_lib.load_anchors(report_lib.anchor_file(image=True))
+  assert len(anchors) == 20 and 'quadruped_run' in anchors
+  walker = anchors['walker_walk']
+  assert walker.ys.shape[0] == 10 and walker.xs[0] == 10_000
+  assert np.all(np.diff(walker.xs) == 10_000)
+  step, mean, low, high = walker.at(1_000_000)
+  assert step == 990_000 and low <= mean <= high and mean > 900
+  assert report_lib.anchor_file(image=False) == report_lib.ANCHOR_FILE

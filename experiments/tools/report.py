@@ -58,6 +58,13 @@ from experiments.run.rundir import (  # noqa: E402
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'data')
 ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_proprio-dreamerv3.json.gz')
+VISION_ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_vision-dreamerv3.json.gz')
+
+
+def anchor_file(image: bool) -> str:
+  """The official curves a run is plotted against: DMC vision for a run
+  that observes images (spec 2.10), DMC proprio otherwise."""
+  return VISION_ANCHOR_FILE if image else ANCHOR_FILE
 LAST_N = 5          # "last-5 mean" of the table
 BINSIZE = 10_000    # widest curve bin in env steps (the anchor curves' spacing)
 BINS_PER_RUN = 25   # a shorter run gets bins of 1/25 of its length
@@ -198,10 +205,19 @@ def load_anchors(path: PathLike = ANCHOR_FILE) -> Dict[str, Anchor]:
   anchors = {}
   for task, group in sorted(by_task.items()):
     xs = np.asarray(group[0]['xs'], np.float64)
-    for run in group:
-      if not np.array_equal(np.asarray(run['xs'], np.float64), xs):
-        raise ValueError(f'{path}: runs of {task} have different xs')
-    ys = np.asarray([run['ys'] for run in group], np.float64)
+    if all(np.array_equal(np.asarray(run['xs'], np.float64), xs) for run in group):
+      ys = np.asarray([run['ys'] for run in group], np.float64)
+    else:
+      # Per-episode curves (the DMC-vision file): each run's episodes binned
+      # to BINSIZE, on the bins every run has.
+      per_run = [binned(np.asarray(r['xs'], np.float64),
+                        np.asarray(r['ys'], np.float64)) for r in group]
+      xs = np.asarray(sorted(set.intersection(*(set(b.tolist())
+                                                for b, _ in per_run))), np.float64)
+      if not len(xs):
+        raise ValueError(f'{path}: runs of {task} share no {BINSIZE:.0f}-step bin')
+      ys = np.asarray([[dict(zip(b.tolist(), m.tolist()))[x] for x in xs]
+                       for b, m in per_run], np.float64)
     anchors[task] = Anchor(task, xs, ys)
   return anchors
 
@@ -440,13 +456,14 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   return table + watch_links(logdirs)
 
 
-def write_run_report(logdir: PathLike) -> Optional[str]:
+def write_run_report(logdir: PathLike,
+                     anchors_path: PathLike = ANCHOR_FILE) -> Optional[str]:
   """The end-of-run report of either layout: ``<logdir>/report.png`` and the
   table, logged; from the evaluation episodes while no training episode has
   ended; None (logged why) when no episode of either kind has."""
   out = os.path.join(os.fspath(logdir), REPORT_FILE)
   try:
-    table = make_report(logdir, out)
+    table = make_report(logdir, out, anchors_path=anchors_path)
   except (FileNotFoundError, ValueError) as e:
     log(f'[report] skipped: {e}')
     return None
