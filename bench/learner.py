@@ -37,6 +37,8 @@ flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 flags.DEFINE_integer('updates', 10, 'Timed updates after warm-up.')
 flags.DEFINE_integer('warmup', 2, 'Untimed updates after compilation.')
 flags.DEFINE_integer('devices', 1, 'Learner devices (data-parallel update).')
+flags.DEFINE_bool('flops', True, 'Count FLOPs with XLA cost analysis (a second, '
+                  'unrolled compile: minutes for a pixel model on a GPU).')
 flags.DEFINE_bool('image', False, 'DMC-vision observations: one 64x64x3 uint8 '
                   "'image' (the CNN of spec 2.10) instead of the walker vectors.")
 
@@ -69,8 +71,8 @@ def main(_):
   lowered = ts.update.lower(state, batch)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - t0
-  flops = (count_flops(spaces, c, state, batch) if not placement.sharded
-           else float('nan'))          # cost analysis is per-device there
+  flops = (count_flops(spaces, c, state, batch)
+           if FLAGS.flops and not placement.sharded else float('nan'))          # cost analysis is per-device there
   collectives = common.collective_bytes(compiled.as_text())
 
   for _ in range(FLAGS.warmup):

@@ -1,17 +1,13 @@
 """Tests of experiments/envs/dmc.py and vector.py against real dm_control (spec 7.1-7.5, 7.7, 2.15)."""
 
-import os
-
-os.environ.setdefault('MUJOCO_GL', 'disable')
-
 import agent  # noqa: F401  (project rule: before anything that may import acme)
 import dm_env
 import numpy as np
 import pytest
-from dm_control import suite
 
 from agent.types import EnvSpaces
-from experiments.envs import dmc, vector
+from experiments.envs import dmc, vector  # first: picks MuJoCo's GL backend
+from dm_control import suite  # noqa: E402
 
 # cartpole: control timestep 0.01 s, so time_limit 0.1 s = 10 control steps.
 SHORT = 0.1

@@ -112,10 +112,13 @@ def test_custom_dm_env_discrete_and_single_array():
 
 
 def test_bad_observations_name_the_key():
-  """Spec 2.9: images, non-numeric and bad-shaped or non-finite obs: clear errors."""
+  """Spec 2.9 / 2.10: a uint8 (H, W, C) image is an image key; a float
+  image, non-numeric and bad-shaped or non-finite obs: clear errors."""
   image = {'pixels': specs.Array((64, 64, 3), np.uint8)}
-  with pytest.raises(ObservationError, match="'pixels'.*image"):
-    ProtocolEnv(ToyEnv(obs_spec=image), 1, 'toy')
+  assert ProtocolEnv(ToyEnv(obs_spec=image), 1, 'toy').spaces.image_keys == ('pixels',)
+  with pytest.raises(ObservationError, match="'pixels'.*image of dtype float32"):
+    ProtocolEnv(ToyEnv(obs_spec={'pixels': specs.Array((64, 64, 3), np.float32)}),
+                1, 'toy')
   with pytest.raises(ObservationError, match="'frame'.*image"):
     ProtocolEnv(ToyEnv(obs_spec={'frame': specs.Array((8, 8), np.uint8)}), 1, 'toy')
   with pytest.raises(ObservationError, match="'name'.*not a number"):

@@ -73,15 +73,24 @@ UNBOUNDED_REWARD_DOMAINS = ('lqr',)
 _DOMAIN_ALIASES = {'cup': 'ball_in_cup'}
 
 
-def use_gl(image: bool) -> None:
-  """MuJoCo's GL backend, fixed when dm_control is first imported: an
+def _default_gl() -> None:
+  """MuJoCo's GL backend is fixed when dm_control is first imported: an
   explicit MUJOCO_GL wins; otherwise 'egl' where libEGL is installed (no
   context is made until a frame is rendered, so proprio runs pay nothing),
-  else 'disable'. An image run in a process whose dm_control cannot render
-  is an error naming the variable."""
+  else 'disable'. Runs when this module is imported, so before it (or
+  whoever imports it first) imports dm_control."""
   if 'MUJOCO_GL' not in os.environ and 'dm_control' not in sys.modules:
     import ctypes.util
     os.environ['MUJOCO_GL'] = 'egl' if ctypes.util.find_library('EGL') else 'disable'
+
+
+_default_gl()
+
+
+def use_gl(image: bool) -> None:
+  """An image run in a process whose dm_control cannot render is an error
+  naming the variable (``_default_gl`` chose the backend)."""
+  _default_gl()
   if image and os.environ.get('MUJOCO_GL') in ('disable', ''):
     raise RuntimeError('image observations need MuJoCo rendering, but '
                        f'MUJOCO_GL={os.environ.get("MUJOCO_GL")!r} (no libEGL '
