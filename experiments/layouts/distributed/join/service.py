@@ -8,8 +8,9 @@ r"""The join service: the one way into a running program for remote actors.
       --join_secret_file=join.secret --num_envs=4
 
 A node of its own in the Launchpad program (group 'join', on the program's
-host). It listens on ``--bind``:``--join_port`` ('' binds loopback only) for
-connections of ``wire.py``: a connection that does not prove it holds the
+host). It listens on ``--bind``:``--join_port`` ('' binds loopback only; in
+a sealed program the launcher binds it in the host's network and hands it
+to this node, ``seal.py``) for connections of ``wire.py``: a connection that does not prove it holds the
 run secret (``secret.py``) is closed before anything else it sends is
 parsed, and no message is ever unpickled. A remote actor never reaches the
 Reverb server, the learner or the counter: this service stores its steps
@@ -81,6 +82,7 @@ import numpy as np
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from experiments.envs.vector import EpisodeTracker
+from experiments.layouts.distributed import seal
 from experiments.layouts.distributed.addresses import advertised_host
 from experiments.layouts.distributed.join import wire
 from experiments.layouts.distributed.join.slots import (
@@ -123,6 +125,19 @@ def listen_host(bind: str) -> str:
   """Where the service listens: '' -> loopback only; else as given
   ('0.0.0.0': every IPv4 interface)."""
   return bind or '127.0.0.1'
+
+
+def make_listener(bind: str, port: int) -> socket.socket:
+  """The service's listening TCP socket on ``bind``:``port`` (0: a free
+  port); made by the join node, or by the launcher of a sealed program in
+  the host's network (``seal.py``)."""
+  host = listen_host(bind)
+  sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET,
+                       socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.bind((host, port))
+  sock.listen(16)
+  return sock
 
 
 def join_address(bind: str, port: int) -> str:
@@ -170,17 +185,19 @@ class JoinService:
     self._unauthenticated = 0              # accepted, handshake not done
     self._connections: Dict[int, wire.Connection] = {}   # by id()
     self._by_claim: Dict[int, wire.Connection] = {}
-    self._sock = socket.socket(socket.AF_INET6 if ':' in listen_host(
-        dist.bind) else socket.AF_INET, socket.SOCK_STREAM)
-    self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    self._sock.bind((listen_host(dist.bind), dist.join_port))
-    self._sock.listen(16)
+    if settings.join_listener:     # sealed: bound by the launcher (seal.py)
+      self._sock, self.address = seal.receive_listener(settings.join_listener)
+    else:
+      self._sock = make_listener(dist.bind, dist.join_port)
+      self.address = join_address(dist.bind, self._sock.getsockname()[1])
     self.port = self._sock.getsockname()[1]
-    self.address = join_address(dist.bind, self.port)
     rundir.atomic_write(os.path.join(run.logdir, JOIN_FILE), json.dumps(
         {'address': self.address, 'join_slots': dist.join_slots,
          'segment': settings.segment}))
-    log(f'[join] listening on {listen_host(dist.bind)}:{self.port}; remote '
+    where = (f'{self.address} (bound by the launcher outside the sealed '
+             'program)' if settings.join_listener else
+             f'{listen_host(dist.bind)}:{self.port}')
+    log(f'[join] listening on {where}; remote '
         f'actors join with: python experiments/run_dmc.py --distributed '
         f'--join={self.address} --join_secret_file=<a copy of '
         f'{secret_path(run.logdir, dist.join_secret_file)}> --num_envs=N '

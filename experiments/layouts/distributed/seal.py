@@ -1,0 +1,335 @@
+r"""Sealing the program: its nodes listen where nothing outside the run reaches.
+
+Launchpad's courier servers and Reverb bind every interface (``[::]:port``
+in their C++; no parameter changes it), have no authentication, and courier
+unpickles what it receives. A port that only the run's own processes can
+reach is the only safe one, so a ``--distributed`` run (``--isolation=auto``,
+the default) runs its Launchpad program in a private network namespace:
+
+  launcher (host network)                 the program (private network)
+  ----------------------                  -----------------------------
+  prepare(): checks, --isolation          fork -> unshare(NEWUSER | NEWNET)
+  the join listener, bound on --bind  ==> lo up; lp.launch(...): Reverb,
+  and handed out over a Unix socket       courier nodes, coordinator, gloo
+  in a folder of mode 0700 (SCM_RIGHTS)   on this namespace's loopback only;
+  waits, passes SIGTERM on, returns       the join node accepts on the
+  the summary                             listener it was handed
+
+* **How.** The launcher forks a child that calls ``unshare(2)`` (through
+  ctypes: Python 3.10 has no ``os.unshare``) with ``CLONE_NEWNET``, plus
+  ``CLONE_NEWUSER`` when it is not root: an unprivileged user namespace
+  maps the user's own uid and gid to themselves, so files and ids stay
+  what they were, and gives the child ``CAP_NET_ADMIN`` over its new
+  network to bring ``lo`` up (``SIOCSIFFLAGS``). Everything the child
+  starts (Launchpad's node processes, restarts included) inherits the
+  namespace; their listeners exist only on its ``lo``. The fork, not a new
+  interpreter, keeps the launcher's imports: sealing costs a fork and an
+  ``unshare``, nothing per step.
+* **The join port.** A socket belongs to the namespace it was made in, so
+  the launcher binds the join service's TCP listener in the host network
+  before anything is sealed and hands the listening socket to the join node
+  over a Unix socket in a folder of mode 0700 (Unix sockets are files: they
+  cross network namespaces, and the folder's mode keeps other users out).
+  The join node accepts on it as if it had bound it, and sees the real peer
+  addresses; no relay copies the traffic.
+* **Who is kept out.** Other hosts, and other users of this host (they can
+  neither connect to the namespace's loopback nor enter the namespace,
+  which takes ``CAP_SYS_ADMIN`` over the user namespace that owns it). The
+  boundary is the user account: a process of the same user can enter the
+  namespace (``nsenter``), as it could ptrace the nodes anyway.
+* **Where the kernel refuses** (unprivileged user namespaces disabled,
+  seccomp in a container): ``--isolation=auto`` runs unsealed, as before,
+  and says so in one line naming the reason and the ports left open;
+  ``--isolation=required`` refuses to start, before anything is written
+  (``decide`` probes in a throw-away child); ``--isolation=off`` runs
+  unsealed without a word (the behaviour before sealing).
+* **Learner processes on other hosts** (``--remote_learner_processes``)
+  need the replay server, the coordination service and learner process 0's
+  gloo listener reachable from those hosts, and every node talks to the
+  replay server, so all nodes stay in the host network: that mode assumes a
+  trusted network (as jax.distributed does), says so in ``--help`` and in
+  the log, and ``required`` refuses it. Sealing it would take a namespace
+  per node group joined by veth pairs (root) and would still leave the
+  replay server, the target of poisoned inserts, open to the cluster.
+
+``DREAMER_SEAL_FAIL`` (tests): any non-empty value makes ``unshare`` fail
+with EPERM, as a kernel that refuses does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import tempfile
+import threading
+import traceback
+from typing import Any, Callable, Dict, Optional, Tuple
+
+ISOLATION = ('auto', 'required', 'off')
+FAIL_ENV = 'DREAMER_SEAL_FAIL'
+# The Unix socket that hands the join node its listener, in a 0700 folder.
+LISTENER_SOCKET = 'join-listener.sock'
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_PR_SET_PDEATHSIG = 1
+
+# Set in the sealed child: the program runs inside the namespace.
+_inside = False
+
+
+def inside() -> bool:
+  """Whether this process runs in the sealed program's namespace."""
+  return _inside
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+  """What ``decide`` found: ``sealed``, or why not (``reason``)."""
+  sealed: bool
+  reason: str = ''
+
+
+# --- the namespace ------------------------------------------------------------------
+
+
+def _write(path: str, text: str) -> None:
+  try:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+      os.write(fd, text.encode())
+    finally:
+      os.close(fd)
+  except OSError as e:
+    raise OSError(e.errno, f'writing {text!r} to {path}: {e.strerror}'
+                  ) from None
+
+
+def _loopback_up() -> None:
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    req = struct.pack('16sH14x', b'lo', 0)
+    flags = struct.unpack('16sH14x', fcntl.ioctl(s, _SIOCGIFFLAGS, req))[1]
+    fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack('16sH14x', b'lo',
+                                               flags | _IFF_UP))
+
+
+def enter_private_network() -> None:
+  """Moves this (single-threaded) process into a new network namespace with
+  only ``lo``, up; an unprivileged user namespace first unless it is root
+  (module doc). OSError naming the step that failed."""
+  if os.environ.get(FAIL_ENV):
+    raise OSError(errno.EPERM, f'unshare: {os.strerror(errno.EPERM)} '
+                  f'(simulated: ${FAIL_ENV} is set)')
+  libc = ctypes.CDLL(None, use_errno=True)
+  uid, gid = os.geteuid(), os.getegid()
+  tries = ([_CLONE_NEWNET] if uid == 0 else []) + [
+      _CLONE_NEWUSER | _CLONE_NEWNET]
+  for flags in tries:
+    if libc.unshare(flags) == 0:
+      break
+    err = ctypes.get_errno()
+  else:
+    raise OSError(err, f'unshare(CLONE_NEWUSER|CLONE_NEWNET): '
+                  f'{os.strerror(err)}')
+  if flags & _CLONE_NEWUSER:
+    _write('/proc/self/setgroups', 'deny')
+    _write('/proc/self/uid_map', f'{uid} {uid} 1')
+    _write('/proc/self/gid_map', f'{gid} {gid} 1')
+  try:
+    _loopback_up()
+  except OSError as e:
+    raise OSError(e.errno, f'bringing lo up: {e.strerror}') from None
+
+
+def _probe() -> str:
+  """'' when this process may seal a child, else why not (a throw-away
+  fork tries it)."""
+  read, write = os.pipe()
+  pid = os.fork()
+  if pid == 0:                    # the probe: nothing but the syscalls
+    code = 0
+    try:
+      os.close(read)
+      enter_private_network()
+    except BaseException as e:  # noqa: BLE001  (reported to the parent)
+      os.write(write, str(e).encode()[:1000])
+      code = 1
+    os._exit(code)
+  os.close(write)
+  with os.fdopen(read, 'rb') as f:
+    why = f.read().decode(errors='replace')
+  _, status = os.waitpid(pid, 0)
+  if status and not why:
+    why = f'the probe process ended with status {status}'
+  return why
+
+
+def decide(dist) -> Decision:
+  """Whether this launch is sealed (``dist.isolation``; module doc);
+  ValueError for ``required`` when it cannot be, before anything is
+  written."""
+  if dist.isolation == 'off':
+    return Decision(False, '--isolation=off')
+  if dist.remote_learner_processes:
+    reason = ('--remote_learner_processes: learner processes on other hosts '
+              'reach the replay server, the coordination service and gloo, '
+              'so the program runs in the host network and assumes a trusted '
+              'one')
+    if dist.isolation == 'required':
+      raise ValueError(f'--isolation=required: cannot seal this program: '
+                       f'{reason}')
+    return Decision(False, reason)
+  why = _probe()
+  if why:
+    if dist.isolation == 'required':
+      raise ValueError(f'--isolation=required: cannot seal the program in a '
+                       f'private network namespace: {why} (nothing was '
+                       'written; --isolation=auto runs it unsealed)')
+    return Decision(False, f'no private network namespace: {why}')
+  return Decision(True)
+
+
+def open_ports_line(reason: str, ports: Dict[str, list]) -> str:
+  """The one log line of an unsealed run: why, and what listens where."""
+  listed = ', '.join(f'{group} {",".join(str(p) for p in ps)}'
+                     for group, ps in ports.items() if ps)
+  return (f'[run] not sealed ({reason}): these ports listen on every '
+          f'interface, reachable by other hosts and users without '
+          f'authentication: {listed or "none"}')
+
+
+# --- the join listener: bound here, accepted on there ----------------------------------
+
+
+class ListenerBroker:
+  """Binds the join service's TCP listener in this (host) network and hands
+  it, with the address remote actors are told, to whoever connects to
+  ``path`` (a Unix socket in a fresh folder of mode 0700)."""
+
+  def __init__(self, listener: socket.socket, address: str):
+    self.listener, self.address = listener, address
+    self._dir = tempfile.mkdtemp(prefix='dreamer-seal-')   # mode 0700
+    self.path = os.path.join(self._dir, LISTENER_SOCKET)
+    self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    self._server.bind(self.path)
+    self._server.listen(8)
+    threading.Thread(target=self._serve, name='seal-broker',
+                     daemon=True).start()
+
+  def _serve(self) -> None:
+    while True:
+      try:
+        conn, _ = self._server.accept()
+      except OSError:
+        return                       # closed
+      with conn:
+        try:
+          socket.send_fds(conn, [json.dumps({'address': self.address})
+                                 .encode()], [self.listener.fileno()])
+        except OSError:
+          pass
+
+  def fds(self) -> Tuple[int, ...]:
+    return (self.listener.fileno(), self._server.fileno())
+
+  def close(self) -> None:
+    for s in (self._server, self.listener):
+      try:
+        s.close()
+      except OSError:
+        pass
+    shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def receive_listener(path: str) -> Tuple[socket.socket, str]:
+  """(listening socket, address to advertise) from a ``ListenerBroker``."""
+  with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+    c.settimeout(30)
+    c.connect(path)
+    data, fds, _, _ = socket.recv_fds(c, 4096, 1)
+  if len(fds) != 1:
+    raise OSError(f'{path}: no listening socket came')
+  sock = socket.socket(fileno=fds[0])
+  return sock, json.loads(data.decode())['address']
+
+
+# --- the sealed child ------------------------------------------------------------------
+
+
+def _closing_fds(fds) -> None:
+  for fd in fds:
+    try:
+      os.close(fd)
+    except OSError:
+      pass
+
+
+def run_sealed(body: Callable[[], Dict[str, Any]],
+               broker: Optional[ListenerBroker] = None) -> Dict[str, Any]:
+  """Runs ``body()`` (the program's launch and restarts) in a forked child
+  inside a private network namespace; returns its summary. The child's
+  error comes back as the same class for ValueError and RuntimeError (what
+  callers of ``launch.run`` catch), else as RuntimeError.
+
+  Signals: the child shares this process group, so Ctrl-C (and a SIGINT to
+  the group) reaches it and its nodes directly, as it did before sealing;
+  this process only passes a SIGTERM sent to it on to the child."""
+  result_fd, tmp = tempfile.mkstemp(prefix='dreamer-sealed-', suffix='.json')
+  os.close(result_fd)
+  pid = os.fork()
+  if pid == 0:
+    global _inside
+    code = 1
+    try:
+      try:
+        if broker is not None:
+          _closing_fds(broker.fds())
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0,
+                                0)
+        enter_private_network()
+        _inside = True
+        out = {'summary': body()}
+        code = 0
+      except BaseException as e:  # noqa: BLE001  (sent to the launcher)
+        out = {'error': type(e).__name__, 'message': str(e),
+               'traceback': traceback.format_exc()}
+      with open(tmp, 'w') as f:
+        json.dump(out, f, default=str)
+    finally:
+      os._exit(code)
+  old = {signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: None),
+         signal.SIGTERM: signal.signal(
+             signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))}
+  try:
+    _, status = os.waitpid(pid, 0)
+  finally:
+    for sig, handler in old.items():
+      signal.signal(sig, handler)
+    if broker is not None:
+      broker.close()
+  try:
+    with open(tmp) as f:
+      out = json.load(f)
+  except (OSError, ValueError):
+    out = {'error': 'RuntimeError',
+           'message': f'the sealed program ended with status {status} and '
+                      'no result'}
+  finally:
+    os.remove(tmp)
+  if 'summary' in out:
+    return out['summary']
+  kind = {'ValueError': ValueError}.get(out['error'], RuntimeError)
+  message = out['message']
+  if out['error'] not in ('ValueError', 'RuntimeError'):
+    message = f'{out["error"]}: {message}\n{out.get("traceback", "")}'
+  raise kind(message)
+
