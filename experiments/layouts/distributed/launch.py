@@ -135,13 +135,11 @@ def prepare(experiment: DreamerExperiment, dist: DistributedConfig,
 
 def open_ports(settings: ProgramSettings, program) -> Dict[str, list]:
   """{group: ports} of the launched program's unauthenticated listeners
-  (Reverb and courier bind every interface; the coordination service its
-  address; gloo a port of its own choosing). The join service is left
-  out: it authenticates."""
+  (Reverb and courier bind every interface, the join node's courier port
+  included; the coordination service its address; gloo a port of its own
+  choosing). The join service's own port is not one: it authenticates."""
   out: Dict[str, list] = {}
   for group, nodes in program.groups.items():
-    if group == 'join':
-      continue
     for node in nodes:
       address = getattr(node, 'reverb_address', None) or getattr(
           node, 'courier_address', None)
@@ -304,10 +302,10 @@ def _launch(settings: ProgramSettings) -> Dict[str, Any]:
   with supervisor.installed(make_manager):
     manager = lp.launch(program, launch_type='local_mp',
                         terminal=dist.terminal, local_resources=resources)
-  # Launchpad bound the nodes' addresses at launch: remote learner peers
-  # can now be told this launch's Reverb port.
   if not settings.sealed and dist.isolation != 'off':
     log(seal.open_ports_line(settings.unsealed, open_ports(settings, program)))
+  # Launchpad bound the nodes' addresses at launch: remote learner peers
+  # can now be told this launch's Reverb port.
   peers_file = None
   if dist.remote_learner_processes:
     peers_file = remote_peers.publish(settings, parse_address(

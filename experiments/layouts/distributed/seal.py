@@ -68,6 +68,7 @@ import shutil
 import signal
 import socket
 import struct
+import sys
 import tempfile
 import threading
 import traceback
@@ -305,10 +306,17 @@ def run_sealed(body: Callable[[], Dict[str, Any]],
       with open(tmp, 'w') as f:
         json.dump(out, f, default=str)
     finally:
+      for stream in (sys.stdout, sys.stderr):   # os._exit does not flush
+        try:
+          stream.flush()
+        except (OSError, ValueError):
+          pass
       os._exit(code)
-  old = {signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: None),
-         signal.SIGTERM: signal.signal(
-             signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))}
+  old = {}
+  if threading.current_thread() is threading.main_thread():
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: None),
+           signal.SIGTERM: signal.signal(
+               signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))}
   try:
     _, status = os.waitpid(pid, 0)
   finally:
