@@ -9,9 +9,10 @@ A real sealed ``--distributed`` smoke program with join slots (default
 suite, bounded): every port its processes listen on, read from their own
 network namespace, is refused or times out from this namespace (loopback
 and this host's addresses) and from a second one over a veth pair
-(``tests/netns.py``, when this runs as root with `ip`); the join port
-answers, and an authorised remote actor joins and adds env steps; the run
-ends at its budget.
+(``tests/netns.py``, when this runs as root with `ip`), and a courier
+pickle, a forged ``increment`` and a Reverb client sent to each from here
+reach nothing; the join port answers, and an authorised remote actor joins
+and adds env steps; the run ends at its budget.
 """
 
 import json
@@ -209,6 +210,17 @@ def _reaches(host, port, timeout=1.0):
       return False
 
 
+class Evil:
+  """A pickle that writes a marker file when it is loaded (courier
+  unpickles the arguments of a call before it looks at the method)."""
+
+  def __init__(self, marker):
+    self.marker = str(marker)
+
+  def __reduce__(self):
+    return (os.system, (f'echo $PPID >> {self.marker}',))
+
+
 PROBE = r'''
 import socket, sys, json
 host, ports = sys.argv[1], json.loads(sys.argv[2])
@@ -313,6 +325,21 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
       seen = {int(k): v for k, v in json.loads(out.stdout).items()}
       assert seen.pop(join_port) is True
       assert not any(seen.values()), seen
+    # The known attacks, from this namespace: a code-running pickle and a
+    # forged step count to every port as a courier call, a Reverb client on
+    # every port: nothing connects, nothing runs.
+    import courier
+    import reverb
+    marker = tmp_path / 'pwned'
+    for p in checked:
+      client = courier.Client(f'127.0.0.1:{p}', call_timeout=2)
+      for call in (lambda: client.run(Evil(marker)),
+                   lambda: client.increment(env_steps=10**9)):
+        with pytest.raises(Exception):  # noqa: B017  (gRPC: unavailable)
+          call()
+      with pytest.raises(Exception):    # noqa: B017
+        reverb.Client(f'127.0.0.1:{p}').server_info(timeout=2)
+    assert not marker.exists()
     # The join port speaks the wire protocol (an unauthenticated hello).
     with socket.create_connection((host, join_port), timeout=10) as s:
       assert s.recv(len(wire.MAGIC)) == wire.MAGIC
@@ -347,3 +374,4 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
   assert '[run] sealed' in text and 'not sealed' not in text
   last = _rows(logdir)[-1]
   assert last['env_step'] >= 6000 and last['join/env_steps'] > 0
+  assert last['env_step'] < 10**6          # no forged count got in
