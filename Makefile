@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON310 ?= $(shell PYENV_VERSION=3.10.13 command -v python3.10 >/dev/null 2>&1 && echo "env PYENV_VERSION=3.10.13 python3.10" || (test -x /root/.pyenv/versions/3.10.13/bin/python3.10 && echo /root/.pyenv/versions/3.10.13/bin/python3.10))
 PYTEST_ARGS ?=
 # ACCEL=cpu (default) installs jax[cpu]; ACCEL=cuda12 adds jax[cuda12] (NVIDIA
-# GPUs, CUDA 12) on top, same jax version. README "GPUs and several machines".
+# GPUs, CUDA 12) on top, same jax version. docs/multihost.md.
 ACCEL ?= cpu
 ACCELS := cpu cuda12
 JAX_VERSION := $(shell sed -n 's/^jax==\(.*\)/\1/p' requirements.lock)

@@ -58,7 +58,7 @@ import numpy as np
 from acme import core
 
 from agent import acting
-from agent.types import EnvSpaces
+from agent.types import EnvSpaces, obs_array
 
 FLAG_KEYS = ('reward', 'is_first', 'is_last', 'is_terminal')
 POLICY_MODES = ('sample', 'mode')
@@ -175,11 +175,7 @@ class DreamerActor(core.Actor):
     for k in self._obs_keys:
       if k not in obs:
         raise ValueError(f'observation is missing key {k!r}; has {sorted(obs)}')
-      v = np.asarray(obs[k], np.float32)
-      want = (self._num_envs,) + tuple(self._spaces.obs[k])
-      if v.shape != want:
-        raise ValueError(f'observation {k!r} has shape {v.shape}, expected {want}')
-      obs_in[k] = v
+      obs_in[k] = obs_array(self._spaces, k, obs[k], (self._num_envs,))
     is_first = np.asarray(obs['is_first'], bool).reshape(self._num_envs)
     t0 = time.perf_counter()
     carry, action, latent = self._fn(

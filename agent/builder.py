@@ -49,11 +49,13 @@ from agent.actor import DreamerActor, VersionedVariableClient, make_policy_fn
 from agent.config import DreamerConfig
 from agent.learner import DreamerLearner, ReplayIterator
 from agent.parallel import LearnerPlacement, UpdateGate, check_batch_size
+from agent import types
 from agent.types import EnvSpaces, step_spec
 from reverb_tables.adder import DEFAULT_CHUNK_LENGTH, WindowAdder
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.ratio import TrainSchedule
 from reverb_tables.sampler import ReplaySampler
+from reverb_tables.step_checks import StepBounds
 from reverb_tables.tables import make_replay_tables
 
 
@@ -74,13 +76,18 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     policy_device: index of the device that serves acting params.
     join_workers: env workers reserved after the N for remote actors that
       join a running program (one more latent-store ring each, spec 5.9).
+    step_bounds: the plausible values of a stored step, which the adders
+      refuse and the dataset's sampler drops outside
+      (``reverb_tables.step_checks``); None: ``agent.types.step_bounds``
+      without an env reward range.
   """
 
   def __init__(self, config: DreamerConfig, spaces: EnvSpaces, *,
                num_envs: int, chunk_length: Optional[int] = None,
                eval_policy: str = 'sample', prefetch: bool = True,
                learner_devices: int = 1, policy_device: int = 0,
-               join_workers: int = 0):
+               join_workers: int = 0,
+               step_bounds: Optional[StepBounds] = None):
     if num_envs < 1:
       raise ValueError(f'num_envs must be >= 1, got {num_envs}')
     if join_workers < 0:
@@ -97,6 +104,8 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     self._placement: Optional[LearnerPlacement] = None
     self.join_workers = int(join_workers)
     self.step_spec = step_spec(spaces, config)
+    self.step_bounds = (types.step_bounds(spaces, config)
+                        if step_bounds is None else step_bounds)
 
   @property
   def placement(self) -> LearnerPlacement:
@@ -139,7 +148,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     process (step ids stay global)."""
     return WindowAdder(replay_client, self.config, num_workers or self.num_envs,
                        self.step_spec, chunk_length=self.chunk_length,
-                       worker_offset=worker_offset)
+                       worker_offset=worker_offset, bounds=self.step_bounds)
 
   def make_dataset_iterator(self, replay_client: reverb.Client, *,
                             should_stop=lambda: False,
@@ -158,7 +167,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
         replay_client, self.config, None, seed=self.config.seed,
         step_spec=self.step_spec, take_online=first,
         peer_uniform_rows=(place.processes - 1) * rows if first else 0,
-        num_workers=workers)
+        num_workers=workers, bounds=self.step_bounds)
     put = None
     device = jax.local_devices()[0]
     if device.platform != 'cpu':

@@ -19,23 +19,27 @@ from reverb_tables import config as _replay_config
 
 @dataclasses.dataclass(frozen=True)
 class SizePreset:
-  """Spec 2.1: model dimension d, deter D = 8d, RSSM hidden, classes C = d/16."""
+  """Spec 2.1: model dimension d, deter D = 8d, RSSM hidden, classes C = d/16,
+  CNN depth d/16 (2.10)."""
   units: int
   deter: int
   hidden: int
   classes: int
+  depth: int
 
 
-# spec 2.1 presets as (d, deter, hidden, classes). size1m is code-only (HEAD).
+# spec 2.1 presets as (d, deter, hidden, classes, CNN depth). size1m is
+# code-only (HEAD). tiny's CNN depth is 2, not d/16 = 1: the decoder's spatial
+# projection splits the last stage's 4 * depth channels into 8 blocks (2.10).
 SIZE_PRESETS = {
-    'tiny': SizePreset(units=16, deter=64, hidden=16, classes=4),  # tests only
-    'size1m': SizePreset(64, 512, 64, 4),
-    'size12m': SizePreset(256, 2048, 256, 16),
-    'size25m': SizePreset(384, 3072, 384, 24),
-    'size50m': SizePreset(512, 4096, 512, 32),
-    'size100m': SizePreset(768, 6144, 768, 48),
-    'size200m': SizePreset(1024, 8192, 1024, 64),
-    'size400m': SizePreset(1536, 12288, 1536, 96),
+    'tiny': SizePreset(units=16, deter=64, hidden=16, classes=4, depth=2),  # tests only
+    'size1m': SizePreset(64, 512, 64, 4, 4),
+    'size12m': SizePreset(256, 2048, 256, 16, 16),
+    'size25m': SizePreset(384, 3072, 384, 24, 24),
+    'size50m': SizePreset(512, 4096, 512, 32, 32),
+    'size100m': SizePreset(768, 6144, 768, 48, 48),
+    'size200m': SizePreset(1024, 8192, 1024, 64, 64),
+    'size400m': SizePreset(1536, 12288, 1536, 96, 96),
 }
 
 COMPUTE_DTYPES = ('float32', 'bfloat16')
@@ -69,6 +73,7 @@ class DreamerConfig:
   outscale_con: float = 1.0
   outscale_pol: float = 0.01
   outscale_val: float = 0.0       # zero-init critic (spec 1.5)
+  outscale_img: float = 1.0       # image decoder 'imgout' (spec 1.5, 2.10; HEAD and 2411f7d)
 
   # --- world-model / actor-critic losses (spec 4.1) ----------------------------
   loss_rec: float = 1.0           # per obs key
@@ -177,6 +182,11 @@ class DreamerConfig:
   @property
   def classes(self) -> int:
     return self.preset.classes
+
+  @property
+  def cnn_depth(self) -> int:
+    """CNN depth of the preset (spec 2.1 table, 2.10): d/16, 16 at size12m."""
+    return self.preset.depth
 
   @property
   def feat_dim(self) -> int:

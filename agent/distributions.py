@@ -272,12 +272,26 @@ def symlog_mse_loss(pred, target, event_dims: int = 1):
 
 # --- policies (spec 3.13, 3.14) -----------------------------------------------------
 
+# The largest |z| that jax.random.normal draws in float32, rounded up: it is
+# sqrt(2) * erfinv(u) of a float32 u in [nextafter(-1, 0), 1), so |z| <=
+# sqrt(2) * erfinv(1 - 2**-24) = 5.42.
+NORMAL_SAMPLE_LIMIT = 6.0
+
+
 class BoundedNormal:
   """Normal(tanh(mean), (maxstd - minstd) sigmoid(std + 2) + minstd) (spec 3.13).
 
   Not squashed: samples are unbounded, log-probs are plain Normal log-densities
   summed over action dims, entropy is the unsquashed Normal's.
   """
+
+  @staticmethod
+  def sample_range(maxstd: float):
+    """(low, high) that every ``sample`` lies in: |tanh| <= 1, std <=
+    maxstd and |noise| <= ``NORMAL_SAMPLE_LIMIT`` (what the replay takes as
+    a plausible stored action, ``agent.types.step_bounds``)."""
+    hi = 1.0 + float(maxstd) * NORMAL_SAMPLE_LIMIT
+    return (-hi, hi)
 
   def __init__(self, mean_raw, std_raw, minstd=0.1, maxstd=1.0):
     self.mean = jnp.tanh(mean_raw.astype(f32))

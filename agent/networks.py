@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agent import blocks
+from agent import cnn
 from agent import distributions as dists
 from agent import rssm as rssm_lib
 from agent.config import DreamerConfig
@@ -30,31 +31,45 @@ MODULES = ('enc', 'dyn', 'dec', 'rew', 'con', 'pol', 'val')
 
 
 class Encoder(hk.Module):
-  """Vector encoder (spec 2.9): symlog DictConcat, 3 x [Linear, RMSNorm, SiLU]."""
+  """Vector encoder (spec 2.9): symlog DictConcat, 3 x [Linear, RMSNorm, SiLU];
+  image encoder (spec 2.10, agent.cnn) when the spaces have image keys."""
 
   def __init__(self, spaces: EnvSpaces, config: DreamerConfig, name='enc'):
     super().__init__(name=name)
     self.spaces, self.c = spaces, config
 
   def __call__(self):
-    in_dim = sum(int(np.prod(s)) for s in self.spaces.obs.values())
-    return {'mlp': blocks.mlp_weights(in_dim, self.c.enc_layers, self.c.units)}
+    sp, W = self.spaces, {}
+    if sp.vector_keys:
+      in_dim = sum(int(np.prod(sp.obs[k])) for k in sp.vector_keys)
+      W['mlp'] = blocks.mlp_weights(in_dim, self.c.enc_layers, self.c.units)
+    if sp.image_keys:
+      shape = cnn.stacked_shape(sp.obs, sp.image_keys)
+      W['cnn'] = cnn.encoder_weights(shape[-1], self.c.cnn_depth)
+    return W
 
 
 class Decoder(hk.Module):
-  """Vector decoder (spec 2.11): 3-layer MLP, one symlog-MSE head per key."""
+  """Vector decoder (spec 2.11): 3-layer MLP, one symlog-MSE head per key;
+  image decoder (spec 2.10, agent.cnn) when the spaces have image keys."""
 
   def __init__(self, spaces: EnvSpaces, config: DreamerConfig, name='dec'):
     super().__init__(name=name)
     self.spaces, self.c = spaces, config
 
   def __call__(self):
-    c = self.c
-    W = {'mlp': blocks.mlp_weights(c.feat_dim, c.dec_layers, c.units), 'heads': {}}
-    for k in self.spaces.obs_keys:
-      size = int(np.prod(self.spaces.obs[k]))
-      w, b = blocks.dense_params(f'head_{k}', c.units, size, c.outscale_dec)
-      W['heads'][k] = {'w': w, 'b': b}
+    c, sp, W = self.c, self.spaces, {}
+    if sp.vector_keys:
+      W['mlp'] = blocks.mlp_weights(c.feat_dim, c.dec_layers, c.units)
+      W['heads'] = {}
+      for k in sp.vector_keys:
+        size = int(np.prod(sp.obs[k]))
+        w, b = blocks.dense_params(f'head_{k}', c.units, size, c.outscale_dec)
+        W['heads'][k] = {'w': w, 'b': b}
+    if sp.image_keys:
+      shape = cnn.stacked_shape(sp.obs, sp.image_keys)
+      W['cnn'] = cnn.decoder_weights(shape, shape[-1], c.cnn_depth, c.deter,
+                                     c.stoch * c.classes, c.units, c.outscale_img)
     return W
 
 
@@ -74,6 +89,16 @@ class Head(hk.Module):
     return W
 
 
+def token_dim(spaces: EnvSpaces, config: DreamerConfig) -> int:
+  """Width of the encoder's tokens, the posterior's input (spec 2.6, 2.9,
+  2.10): d for the vector MLP plus the flattened CNN output."""
+  width = config.units if spaces.vector_keys else 0
+  if spaces.image_keys:
+    shape = cnn.stacked_shape(spaces.obs, spaces.image_keys)
+    width += cnn.feature_width(shape, config.cnn_depth)
+  return width
+
+
 def _module_builders(spaces: EnvSpaces, config: DreamerConfig) -> dict:
   """One zero-argument builder per module group; each returns its weights."""
   c = config
@@ -81,7 +106,7 @@ def _module_builders(spaces: EnvSpaces, config: DreamerConfig) -> dict:
   pol_out = {'logits': act} if spaces.discrete else {'mean': act, 'std': act}
   return {
       'enc': lambda: Encoder(spaces, c)(),
-      'dyn': lambda: rssm_lib.RSSM(c, act, c.units)(),
+      'dyn': lambda: rssm_lib.RSSM(c, act, token_dim(spaces, c))(),
       'dec': lambda: Decoder(spaces, c)(),
       'rew': lambda: Head(c.feat_dim, c.rew_layers, c.units, {'out': c.bins},
                           c.outscale_rew, 'rew')(),
@@ -104,19 +129,35 @@ class DreamerNetworks:
 
   # --- encoder / decoder ------------------------------------------------------
   def encode(self, W, obs: dict):
-    """Tokens e_t [..., d] from the vector obs (spec 2.9)."""
-    x = blocks.concat_inputs(obs, self.spaces.obs, squish=dists.symlog,
-                             dtype=self.config.jnp_compute_dtype)
-    return blocks.mlp_apply(W['enc']['mlp'], x, self.config.rms_eps)
+    """Tokens e_t [..., d (+ CNN features)] from the observations: the vector
+    MLP's output, then the flattened CNN output (spec 2.9, 2.10)."""
+    sp, c, parts = self.spaces, self.config, []
+    if sp.vector_keys:
+      x = blocks.concat_inputs({k: obs[k] for k in sp.vector_keys},
+                               {k: sp.obs[k] for k in sp.vector_keys},
+                               squish=dists.symlog, dtype=c.jnp_compute_dtype)
+      parts.append(blocks.mlp_apply(W['enc']['mlp'], x, c.rms_eps))
+    if sp.image_keys:
+      images = cnn.stack_images(obs, sp.image_keys)
+      parts.append(cnn.encode(W['enc']['cnn'], images, c.rms_eps,
+                              c.jnp_compute_dtype))
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, -1)
 
   def decode(self, W, deter, stoch) -> dict:
-    """Symlog-space predictions per obs key from concat(stoch_flat, deter) (2.11)."""
-    x = jnp.concatenate([flat(stoch), deter], -1)
-    x = blocks.mlp_apply(W['dec']['mlp'], x, self.config.rms_eps)
-    out = {}
-    for k, layer in W['dec']['heads'].items():
-      y = blocks.dense(x, layer['w'], layer['b']).astype(jnp.float32)
-      out[k] = y.reshape(y.shape[:-1] + tuple(self.spaces.obs[k]))
+    """Per obs key: symlog-space vector predictions from the MLP on
+    concat(stoch_flat, deter) (2.11); images in [0, 1] from the CNN (2.10)."""
+    sp, c, out = self.spaces, self.config, {}
+    if sp.vector_keys:
+      x = jnp.concatenate([flat(stoch), deter], -1)
+      x = blocks.mlp_apply(W['dec']['mlp'], x, c.rms_eps)
+      for k, layer in W['dec']['heads'].items():
+        y = blocks.dense(x, layer['w'], layer['b']).astype(jnp.float32)
+        out[k] = y.reshape(y.shape[:-1] + tuple(sp.obs[k]))
+    if sp.image_keys:
+      shape = cnn.stacked_shape(sp.obs, sp.image_keys)
+      pred = cnn.decode(W['dec']['cnn'], deter, flat(stoch).astype(deter.dtype),
+                        shape, c.rms_eps)
+      out.update(cnn.split_images(pred, sp.obs, sp.image_keys))
     return out
 
   # --- heads on feat = concat(deter, stoch_flat) -------------------------------

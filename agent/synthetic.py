@@ -10,6 +10,8 @@ from agent.types import EnvSpaces
 # Walker-like observation spaces (dm_control walker: 14 + 1 + 9 features).
 WALKER_SPACES = EnvSpaces(obs={'orientations': (14,), 'height': (1,), 'velocity': (9,)},
                           act_dim=6)
+# DMC vision (spec 2.10): one 64x64 RGB frame, walker's 6 actions.
+IMAGE_SPACES = EnvSpaces(obs={'image': (64, 64, 3)}, act_dim=6)
 
 
 def make_batch(spaces: EnvSpaces, config: DreamerConfig, seed: int = 0,
@@ -21,7 +23,9 @@ def make_batch(spaces: EnvSpaces, config: DreamerConfig, seed: int = 0,
   idx = np.arange(L)[None] + rng.integers(0, episode_len, (B, 1))
   is_first = (idx % episode_len) == 0
   is_last = (idx % episode_len) == episode_len - 1
-  obs = {k: rng.normal(size=(B, L) + tuple(s)).astype(np.float32)
+  obs = {k: (rng.integers(0, 256, (B, L) + tuple(s), dtype=np.uint8)
+             if k in spaces.image_keys else
+             rng.normal(size=(B, L) + tuple(s)).astype(np.float32))
          for k, s in spaces.obs.items()}
   if spaces.discrete:
     action = np.eye(spaces.act_dim, dtype=np.float32)[

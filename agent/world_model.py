@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from agent import cnn
 from agent import distributions as dists
 from agent import networks as nets_lib
 from agent import rssm as rssm_lib
@@ -19,7 +20,7 @@ def world_model_loss(nets: nets_lib.DreamerNetworks, W, start: rssm_lib.Latent,
 
   Args (batch-major, trained steps only, [B, T, ...]):
     start: replay-context latent (deter [B, D], stoch [B, S, C]), a constant.
-    obs: vector observations; prevact: a_{t-1} for each obs_t (spec 5.8);
+    obs: vector observations and uint8 images; prevact: a_{t-1} for each obs_t (spec 5.8);
     reward, is_first, is_terminal: per-step flags.
   Returns (losses {name: [B, T]}, posterior (deter, stoch), metrics).
   """
@@ -34,8 +35,11 @@ def world_model_loss(nets: nets_lib.DreamerNetworks, W, start: rssm_lib.Latent,
             'rep': jnp.maximum(rep, c.free_nats)}
   recon = nets.decode(W, deter, stoch)
   for k, pred in recon.items():
-    losses[f'rec_{k}'] = dists.symlog_mse_loss(
-        pred, sg(obs[k]), event_dims=len(nets.spaces.obs[k]))
+    if k in nets.spaces.image_keys:                               # spec 2.10
+      losses[f'rec_{k}'] = cnn.image_loss(pred, obs[k])
+    else:                                                         # spec 2.11
+      losses[f'rec_{k}'] = dists.symlog_mse_loss(
+          pred, sg(obs[k]), event_dims=len(nets.spaces.obs[k]))
   feat = nets_lib.feat(deter, stoch)                              # not sg (2.16)
   losses['rew'] = dists.twohot_loss(nets.reward_logits(W, feat), reward)
   cont = (~is_terminal).astype(jnp.float32)

@@ -12,7 +12,7 @@ bypassing the service, writes malformed and NaN items to the Reverb port
 directly, calls ``increment`` on the counter and ``stop_joiners`` on the
 join node, and sends the same pickle to every courier port of the program
 (Launchpad's servers, which listen on every interface and unpickle what
-they receive: README "Security"), all from this host's network; a sealed
+they receive: docs/security.md), all from this host's network; a sealed
 program's node ports are read inside its namespace. The program must
 still reach its step budget; the learner's rows say what it dropped.
 

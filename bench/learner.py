@@ -37,6 +37,8 @@ flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 flags.DEFINE_integer('updates', 10, 'Timed updates after warm-up.')
 flags.DEFINE_integer('warmup', 2, 'Untimed updates after compilation.')
 flags.DEFINE_integer('devices', 1, 'Learner devices (data-parallel update).')
+flags.DEFINE_bool('image', False, 'DMC-vision observations: one 64x64x3 uint8 '
+                  "'image' (the CNN of spec 2.10) instead of the walker vectors.")
 
 
 def count_flops(spaces, config, state, batch) -> float:
@@ -52,7 +54,7 @@ def count_flops(spaces, config, state, batch) -> float:
 
 def main(_):
   c = config_lib.make_config(size=FLAGS.size, compute_dtype=FLAGS.dtype)
-  spaces = synthetic.WALKER_SPACES
+  spaces = synthetic.IMAGE_SPACES if FLAGS.image else synthetic.WALKER_SPACES
   nets = networks.make_networks(spaces, c)
   placement = LearnerPlacement(FLAGS.devices)
   ts = learning.make_train_step(nets, placement=placement)

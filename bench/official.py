@@ -48,6 +48,9 @@ def parse():
   p.add_argument('--updates', type=int, default=10)
   p.add_argument('--warmup', type=int, default=2)
   p.add_argument('--obs_dim', type=int, default=24)
+  p.add_argument('--image', type=int, default=0,
+                 help="1: one 64x64x3 uint8 'image' observation (DMC vision, "
+                      'the CNN) instead of the vector')
   p.add_argument('--act_dim', type=int, default=6)
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--precompile', type=int, default=0,
@@ -79,12 +82,13 @@ def build_config(size, other):
   return config
 
 
-def make_agent(config, obs_dim, act_dim, precompile):
+def make_agent(config, obs_dim, act_dim, precompile, image=False):
   import elements
   import numpy as np
   from dreamerv3.agent import Agent
   obs_space = {
-      'vector': elements.Space(np.float32, (obs_dim,)),
+      **({'image': elements.Space(np.uint8, (64, 64, 3))} if image else
+         {'vector': elements.Space(np.float32, (obs_dim,))}),
       'reward': elements.Space(np.float32),
       'is_first': elements.Space(bool),
       'is_last': elements.Space(bool),
@@ -120,6 +124,8 @@ def synthetic_batch(agent, B, T, rng):
     shape = (B, T, *space.shape)
     if key == 'vector':
       data[key] = rng.standard_normal(shape).astype(np.float32)
+    elif key == 'image':
+      data[key] = rng.integers(0, 256, shape, dtype=np.uint8)
     elif key == 'action':
       data[key] = rng.uniform(-1, 1, shape).astype(np.float32)
     elif key == 'reward':
@@ -158,7 +164,8 @@ def main():
   config = build_config(args.size, other)
 
   t0 = time.perf_counter()
-  agent = make_agent(config, args.obs_dim, args.act_dim, args.precompile)
+  agent = make_agent(config, args.obs_dim, args.act_dim, args.precompile,
+                     bool(args.image))
   init_s = time.perf_counter() - t0
 
   import jax

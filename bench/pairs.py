@@ -31,6 +31,8 @@ flags.DEFINE_string('size', 'size1m', 'Size preset (both sides).')
 flags.DEFINE_integer('pairs', 5, 'Pairs to run.')
 flags.DEFINE_integer('updates', None, 'Timed updates per process (default 15 for '
                      'size1m, 6 otherwise).')
+flags.DEFINE_bool('image', False, "Both sides on one 64x64x3 uint8 'image' "
+                  'observation (the CNN, spec 2.10).')
 flags.mark_flags_as_required(['official_python', 'src'])
 flags.register_validator('pairs', lambda n: n >= 1, message='--pairs must be >= 1')
 
@@ -51,9 +53,11 @@ def main(argv):
   del argv
   updates = FLAGS.updates or (15 if FLAGS.size == 'size1m' else 6)
   ours = [sys.executable, os.path.join(HERE, 'learner.py'), f'--size={FLAGS.size}',
-          f'--updates={updates}'] + ([] if FLAGS.size == 'size1m' else ['--warmup=1'])
+          f'--updates={updates}', f'--image={FLAGS.image}'] + (
+              [] if FLAGS.size == 'size1m' else ['--warmup=1'])
   theirs = [FLAGS.official_python, os.path.join(HERE, 'official.py'),
-            f'--src={FLAGS.src}', f'--size={FLAGS.size}', f'--updates={updates}']
+            f'--src={FLAGS.src}', f'--size={FLAGS.size}', f'--updates={updates}',
+            f'--image={int(FLAGS.image)}']
   ratios = []
   for i in range(FLAGS.pairs):
     if i % 2 == 0:

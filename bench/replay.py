@@ -61,11 +61,37 @@ flags.DEFINE_float('learner_update_s', 3.5,
                    'Learner update time to compare with (size12m target).')
 flags.DEFINE_bool('serve', False, 'Internal: run as the memory-phase server '
                   'process (prints its port, serves until stdin closes).')
+flags.DEFINE_bool('image', False, 'DMC vision steps: a 64x64x3 uint8 frame per '
+                  'step (spec 2.10), real cartpole_swingup frames rendered with '
+                  'MuJoCo EGL, one episode stream per worker, instead of the '
+                  'walker vectors.')
 flags.DEFINE_integer('serve_capacity', 0, 'Internal: replay_capacity of the '
                      'memory-phase server.')
 
-SPACES = types.EnvSpaces(
+VECTOR_SPACES = types.EnvSpaces(
     obs={'orientations': (14,), 'height': (), 'velocity': (9,)}, act_dim=6)
+IMAGE_SPACES = types.EnvSpaces(obs={'image': (64, 64, 3)}, act_dim=6)
+
+
+def spaces():
+  return IMAGE_SPACES if FLAGS.image else VECTOR_SPACES
+
+
+def render_streams(num_workers, length, seed=0):
+  """[length][num_workers, 64, 64, 3] uint8: one cartpole_swingup episode
+  per worker under random actions, rendered as DMC vision renders them."""
+  from experiments.envs.dmc import DMCEnv
+  streams = []
+  for w in range(num_workers):
+    env = DMCEnv('cartpole_swingup', seed=seed + w, image=True, proprio=False)
+    rng = np.random.default_rng(seed + w)
+    frames = [env.reset()['image']]
+    while len(frames) < length:
+      frames.append(env.step(rng.uniform(-1, 1, 1))['image'])
+    env.close()
+    streams.append(frames)
+  return [np.stack([streams[w][i] for w in range(num_workers)])
+          for i in range(length)]
 
 
 def rss_bytes(pid='self') -> int:
@@ -82,14 +108,16 @@ def signature_bytes(spec) -> int:
              for s in jax.tree_util.tree_leaves(spec))
 
 
-def random_steps(config, rng, num_workers):
-  """A vector step with realistic entropy (deter as bf16 bits of normals)."""
+def random_steps(config, rng, num_workers, frame=None):
+  """A step with realistic entropy (deter as bf16 bits of normals); the
+  rendered ``frame`` [num_workers, 64, 64, 3] as its observation if given."""
   deter = rng.normal(size=(num_workers, config.deter)).astype(np.float32)
+  obs = {'image': frame} if frame is not None else {
+      'height': rng.normal(size=(num_workers,)).astype(np.float32),
+      'orientations': rng.normal(size=(num_workers, 14)).astype(np.float32),
+      'velocity': rng.normal(size=(num_workers, 9)).astype(np.float32)}
   return {
-      'observation': {
-          'height': rng.normal(size=(num_workers,)).astype(np.float32),
-          'orientations': rng.normal(size=(num_workers, 14)).astype(np.float32),
-          'velocity': rng.normal(size=(num_workers, 9)).astype(np.float32)},
+      'observation': obs,
       'action': rng.normal(size=(num_workers, 6)).astype(np.float32),
       'reward': rng.random(num_workers).astype(np.float32),
       'is_first': rng.random(num_workers) < 0.002,
@@ -106,14 +134,16 @@ def make_pool(config, num_workers):
   if FLAGS.pool < config.seq_len + FLAGS.chunk_length:
     raise ValueError(f'--pool {FLAGS.pool} < seq_len + chunk_length')
   rng = np.random.default_rng(config.seed)
-  return [random_steps(config, rng, num_workers) for _ in range(FLAGS.pool)]
+  frames = (render_streams(num_workers, FLAGS.pool) if FLAGS.image
+            else [None] * FLAGS.pool)
+  return [random_steps(config, rng, num_workers, f) for f in frames]
 
 
 def serve(config):
   """Memory-phase server process: the replay tables, nothing else."""
   if FLAGS.serve_capacity:
     config = config.replace(replay_capacity=FLAGS.serve_capacity)
-  server = make_server(make_replay_tables(types.step_spec(SPACES, config),
+  server = make_server(make_replay_tables(types.step_spec(spaces(), config),
                                           config))
   print(server.port, flush=True)
   sys.stdin.read()                       # parent closes stdin when done
@@ -138,7 +168,7 @@ def measure_server_memory(config, pool):
   capacity = items0 + 2 * FLAGS.mem_steps * num_workers
   child = subprocess.Popen(
       [sys.executable, __file__, '--serve', f'--size={config.size}',
-       f'--serve_capacity={capacity}'],
+       f'--serve_capacity={capacity}', f'--image={FLAGS.image}'],
       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
   try:
     port = int(child.stdout.readline())
@@ -188,7 +218,7 @@ def main(_):
     serve(config)
     return
   num_workers = FLAGS.workers
-  spec = types.step_spec(SPACES, config)
+  spec = types.step_spec(spaces(), config)
   step_bytes = signature_bytes(spec)
   pool = make_pool(config, num_workers)
 

@@ -35,6 +35,7 @@ from experiments.layouts.distributed.settings import RULES, DistributedConfig
 from experiments.run.config import (
     RUN_RULES, RunConfig, check_max_skipped, rule_ok, rule_text)
 from experiments.run.experiment import DreamerExperiment, make_experiment
+from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
 # Flags that map onto DreamerConfig fields directly (flag name == field name).
 CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
@@ -45,8 +46,9 @@ FLAG_NAMES = (
     'eval_policy', 'checkpoint_every', 'log_every', 'learner_log_every',
     'progress_every',
     'batch_size', 'batch_length', 'replay_capacity', 'train_fill', 'time_limit',
-    'chunk_length', 'config_overrides', 'learner_prefetch', 'report',
-    'jax_cache_dir', 'learner_devices', 'policy_device', 'max_skipped_updates')
+    'image', 'proprio', 'chunk_length', 'config_overrides', 'learner_prefetch',
+    'report', 'jax_cache_dir', 'learner_devices', 'policy_device',
+    'max_skipped_updates', 'replay_value_limit')
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace', 'max_restarts',
                    'learner_processes', 'coordinator_address',
@@ -60,12 +62,13 @@ PEER_FLAG_NAMES = ('distributed', 'learner_peer', 'logdir', 'bind',
                    'join_secret_file')
 # What ``run_dmc.py --help`` shows, by group (every flag is in one group).
 FLAG_GROUPS = (
-    ('task and budget', ('suite', 'task', 'env_steps', 'num_envs',
-                         'action_repeat', 'time_limit', 'seed', 'logdir')),
+    ('task and budget', ('suite', 'task', 'image', 'proprio', 'env_steps',
+                         'num_envs', 'action_repeat', 'time_limit', 'seed',
+                         'logdir')),
     ('model', ('size', 'compute_dtype', 'batch_size', 'batch_length',
                'config_overrides', 'learner_devices', 'policy_device')),
     ('replay', ('train_ratio', 'replay_capacity', 'train_fill',
-                'chunk_length', 'learner_prefetch')),
+                'chunk_length', 'learner_prefetch', 'replay_value_limit')),
     ('evaluation, logs and checkpoints', (
         'eval_every', 'eval_episodes', 'eval_policy', 'log_every',
         'learner_log_every', 'progress_every', 'checkpoint_every', 'report',
@@ -74,7 +77,7 @@ FLAG_GROUPS = (
         'distributed', 'num_actors', 'actor_update_period', 'lp_terminal',
         'stop_grace', 'max_restarts', 'learner_processes',
         'coordinator_address', 'isolation')),
-    ('remote hosts (README "Security")', (
+    ('remote hosts (docs/security.md)', (
         'join_slots', 'join_port', 'bind', 'join_lease', 'join_max_envs',
         'join_secret_file', 'join', 'remote_learner_processes',
         'learner_peer')),
@@ -136,6 +139,12 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                     'Model size preset (spec 2.1); paper protocol size12m.', **F)
   flags.DEFINE_float('train_ratio', 512.0,
                      'Replayed steps trained per agent step (spec 6.1); 512 = paper.', **F)
+  flags.DEFINE_bool('image', False, 'dm_control: observe a 64x64 RGB image '
+                    "('image', rendered with MuJoCo EGL; spec 2.10, the official "
+                    'env.dmc.image).', **F)
+  flags.DEFINE_bool('proprio', True, 'dm_control: observe its vector keys '
+                    '(the official env.dmc.proprio; --image --noproprio is '
+                    'DMC vision).', **F)
   flags.DEFINE_integer('action_repeat', 2, 'Action repeat (spec 7.5).', **F)
   flags.DEFINE_integer('num_envs', 16, 'Lock-stepped training envs (spec 7.5).', **F)
   flags.DEFINE_integer('env_steps', 500_000,
@@ -197,6 +206,13 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'which the run stops with a message naming the last '
                        'good checkpoint (experiments/run/health.py); 0 = '
                        'never.', **F)
+  flags.DEFINE_float('replay_value_limit', DEFAULT_VALUE_LIMIT,
+                     'Largest |value| of a stored observation, and of a '
+                     'reward or action without a declared range (dm_control '
+                     'rewards: [0, 1] per control step; actions: the '
+                     "policy's range); steps beyond it are refused, and "
+                     'sampled items beyond it dropped '
+                     '(reverb_tables/step_checks.py); inf: no limit.', **F)
   # The Launchpad layout (experiments/layouts/distributed/).
   flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
                     '(experiments/layouts/distributed/).', **F)
@@ -272,7 +288,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "and where gloo listens for the learner processes' "
                       'collectives. Reverb and courier listen inside the '
                       'sealed program (--isolation), or on every interface '
-                      'when it is not.', **F)
+                      'when it is not (docs/security.md).', **F)
   flags.DEFINE_float('join_lease', 60.0, '--distributed: seconds without a '
                      "message after which a remote actor's join slots are "
                      'freed (it hangs; a closed connection frees them at '
@@ -296,8 +312,8 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
 
   flags.register_multi_flags_validator(
-      ['suite', 'task', 'time_limit'], _task_ok, flag_values=fv,
-      message='--suite / --task / --time_limit')
+      ['suite', 'task', 'time_limit', 'image', 'proprio'], _task_ok,
+      flag_values=fv, message='--suite / --task / --time_limit / --image')
   v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
   # The range rules of the run and the program: one table each
   # (RUN_RULES, settings.RULES), checked again when the configs are made.
@@ -356,7 +372,8 @@ def _task_ok(values) -> bool:
   """The suite's own check (``experiments.envs.suites.check_task``): an
   unknown task lists the valid ones; --time_limit is dm_control's."""
   try:
-    suites.check_task(values['suite'], values['task'], values['time_limit'])
+    suites.check_task(values['suite'], values['task'], values['time_limit'],
+                      values['image'], values['proprio'])
   except ValueError as e:
     msg = str(e)
     if not msg.startswith('--'):          # the task itself: name the flag
@@ -525,10 +542,11 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
       checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
       learner_log_every=fv.learner_log_every,
       progress_every=fv.progress_every, time_limit=fv.time_limit,
-      chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
+      image=fv.image, proprio=fv.proprio, chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
       report=fv.report, jax_cache_dir=jax_cache_dir(fv, logdir),
       learner_devices=fv.learner_devices, policy_device=fv.policy_device,
-      max_skipped_updates=fv.max_skipped_updates, flags_text=text)
+      max_skipped_updates=fv.max_skipped_updates,
+      replay_value_limit=fv.replay_value_limit, flags_text=text)
   dist = None
   if fv.distributed:
     dist = DistributedConfig(

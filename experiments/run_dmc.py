@@ -44,6 +44,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import options  # noqa: E402
+from experiments.envs.protocol import did_you_mean  # noqa: E402
 from experiments.layouts import local  # noqa: E402
 from experiments.layouts.distributed import launch, remote_peers  # noqa: E402
 from experiments.layouts.distributed.join import remote  # noqa: E402
@@ -118,8 +119,14 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
   bad = sorted((set(flag_values) - set(fv)) |
                (set(NOT_TRAIN_FLAGS) & set(flag_values)))
   if bad:
+    # train()'s own keywords and the flags it takes, for "did you mean".
+    known = ((set(fv) - {'suite', 'time_limit'}) |
+             {'task', 'logdir', 'flagfile', 'distributed'})
+    hints = ''.join(f' {name!r}:{did_you_mean(name, known - {name})}'
+                    for name in bad if did_you_mean(name, known - {name}))
     raise ValueError(f'train(): {bad} are not run flags here (see run_dmc.py '
-                     '--help; suite, task, time_limit and logdir do not apply)')
+                     '--help; suite, task, time_limit and logdir do not apply '
+                     f'as flags).{hints}')
   fv(['train'] + ([f'--flagfile={flagfile}'] if flagfile else []) +
      [f'--logdir={logdir}'])
   for name, value in flag_values.items():

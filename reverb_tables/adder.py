@@ -42,7 +42,7 @@ import tree
 
 from reverb_tables.config import ReplayConfig
 from reverb_tables.packing import PACKED_KEY, StepLayout
-from reverb_tables.step_checks import step_problems
+from reverb_tables.step_checks import StepBounds, step_problems
 from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE
 
 STEP_ID_KEY = 'step_id'
@@ -123,6 +123,8 @@ class WindowAdder:
     worker_offset: the step ids of local worker w are (worker_offset + w,
       index): actor processes that own slices of one global worker layout
       (the Launchpad program) write ids that are unique across actors.
+    bounds: the plausible values of a step (``step_checks.StepBounds``);
+      None: the value limit alone.
   """
 
   def __init__(self, client: reverb.Client, config: ReplayConfig,
@@ -130,12 +132,14 @@ class WindowAdder:
                chunk_length: int = DEFAULT_CHUNK_LENGTH,
                max_in_flight_items: Optional[int] = None,
                uniform_table: str = UNIFORM_TABLE,
-               online_table: str = ONLINE_TABLE, worker_offset: int = 0):
+               online_table: str = ONLINE_TABLE, worker_offset: int = 0,
+               bounds: Optional[StepBounds] = None):
     if num_workers <= 0:
       raise ValueError(f'num_workers must be positive, got {num_workers}')
     if worker_offset < 0:
       raise ValueError(f'worker_offset must be >= 0, got {worker_offset}')
     self._worker_offset = int(worker_offset)
+    self._bounds = StepBounds() if bounds is None else bounds
     config = ReplayConfig.of(config)
     self._client = client
     self._config = config
@@ -290,7 +294,8 @@ class WindowAdder:
 
   def _validate(self, steps, workers: np.ndarray, batched: bool):
     """Checks keys, shapes, dtypes and values (``reverb_tables.step_checks``:
-    finite, latent classes in range); returns flat numpy leaves.
+    finite and plausible, latent classes in range); returns flat numpy
+    leaves.
 
     Nothing is written here, so a bad step leaves the replay untouched.
     step_id is filled with (worker, lengths[worker]) when absent or None and
@@ -330,7 +335,8 @@ class WindowAdder:
             'fills it')
       flat.append(arr)
     values = tree.unflatten_as(self._spec, flat)
-    _, problems = step_problems(values, len(lead), self._config.classes)
+    _, problems = step_problems(values, len(lead), self._config.classes,
+                                bounds=self._bounds)
     for name, what in problems.items():   # reverb_tables.step_checks
       raise ValueError(f'step key {name!r} {what}')
     return flat

@@ -30,8 +30,9 @@ layout of ``agent.types`` exactly as before.
 Invalid items (defence in depth, issue 29): every step that enters through
 the adder was checked there, but the Reverb port takes inserts from anyone
 who reaches it. A sampled item whose column has the wrong shape, or a step
-with a problem of ``reverb_tables.step_checks`` (non-finite values, latent
-classes out of range, a step id outside the latent store's workers), is
+with a problem of ``reverb_tables.step_checks`` (non-finite or implausible
+values, latent classes out of range, a step id outside the latent store's
+workers: the adder's rule, with the same ``StepBounds``), is
 deleted from its table, counted (``num_dropped``, ``replay/dropped_items``)
 and replaced by another uniform draw, so it never reaches the update, where
 it would be taken for divergence or crash the latent store. After
@@ -46,6 +47,10 @@ and the Python client has no sample timeout, so the server is asked.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -55,7 +60,7 @@ from reverb_tables.config import ReplayConfig
 from reverb_tables.adder import step_layout_from_server
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.packing import StepLayout
-from reverb_tables.step_checks import step_problems
+from reverb_tables.step_checks import StepBounds, step_problems
 from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE, table_stats
 
 LATENT_KEY = 'latent'
@@ -96,6 +101,8 @@ class ReplaySampler:
       from them, are the whole learner's.
     num_workers: env workers of the step-id layout (the latent store's);
       an item with a step id of another worker is dropped (module doc).
+    bounds: the plausible values of a step (``step_checks.StepBounds``,
+      the adders'); None: the value limit alone.
   """
 
   def __init__(self, client: reverb.Client, config: ReplayConfig,
@@ -104,8 +111,10 @@ class ReplaySampler:
                uniform_table: str = UNIFORM_TABLE,
                online_table: str = ONLINE_TABLE, take_online: bool = True,
                peer_uniform_rows: int = 0,
-               num_workers: Optional[int] = None):
+               num_workers: Optional[int] = None,
+               bounds: Optional[StepBounds] = None):
     config = ReplayConfig.of(config)
+    self._bounds = StepBounds() if bounds is None else bounds
     self._client = client
     self._config = config
     self._store = latent_store
@@ -185,7 +194,7 @@ class ReplaySampler:
       if good:
         steps = self._layout.unpack(np.stack([d for _, d in good]))
         invalid, reasons = step_problems(steps, 2, self._config.classes,
-                                         self._num_workers)
+                                         self._num_workers, self._bounds)
         for (key, data), no in zip(good, np.atleast_1d(invalid)):
           (bad.append(key) if no else rows.append(data))
         if reasons:
@@ -202,7 +211,7 @@ class ReplaySampler:
               f'{len(dropped)} invalid replay items in a row (the last: '
               f'{self.last_drop_reason}): the replay holds no usable data. '
               'Something other than this run\'s actors writes to its Reverb '
-              'server (README "Security").')
+              'server (docs/security.md).')
     return rows
 
   def _draw(self, table: str, num: int) -> List[tuple]:
@@ -212,7 +221,7 @@ class ReplaySampler:
     # ``client.sample`` keeps one item in flight (buffer_size=1), a round
     # trip per item; the same pybind sampler with all ``num`` in flight lets
     # the server fetch them together (~2x faster for [16, 65] at size12m).
-    sampler = self._client._client.NewSampler(table, num, num)  # noqa: SLF001
+    sampler = new_sampler(self._client, table, num)
     out = []
     for _ in range(num):
       item = sampler.GetNextTrajectory()   # key, prob, size, priority, data
@@ -230,6 +239,50 @@ class ReplaySampler:
   def _assemble(self, rows: List[np.ndarray]) -> Dict[str, Any]:
     batch = annotate(self._layout.unpack(np.stack(rows)))
     return overlay_latents(batch, self._store)
+
+
+# Reverb 0.7's C++ log (reverb/cc/platform/default/logging.h) has no level to
+# set: every REVERB_LOG line goes to std::clog, i.e. to fd 2. Its
+# Client::NewSampler writes "Sampler and server are owned by the same process
+# ... accessed directly without gRPC" on its 1st, 2nd, 4th, 8th, ... call
+# (REVERB_LOG_EVERY_POW_2) when the table lives in this process: one line per
+# doubling of the updates of a one-process run, news to nobody. new_sampler
+# counts the calls the same way and points fd 2 at /dev/null for the
+# microseconds of exactly those calls.
+_sampler_calls = 0
+_calls_lock = threading.Lock()
+_mute_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _fd2_muted():
+  """fd 2 (C++ std::clog / std::cerr) to /dev/null inside the block."""
+  try:
+    sys.stderr.flush()
+  except (AttributeError, ValueError):
+    pass
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def new_sampler(client: reverb.Client, table: str, num: int):
+  """Reverb's pybind sampler of ``num`` items, all in flight at once, with
+  Reverb's same-process notice muted (comment above)."""
+  global _sampler_calls
+  with _calls_lock:
+    _sampler_calls += 1
+    call = _sampler_calls
+  if call & (call - 1):             # not a power of two: Reverb stays quiet
+    return client._client.NewSampler(table, num, num)  # noqa: SLF001
+  with _mute_lock, _fd2_muted():
+    return client._client.NewSampler(table, num, num)  # noqa: SLF001
 
 
 def overlay_latents(batch: Dict[str, Any],

@@ -325,10 +325,12 @@ def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path, smoke_flags):
   learner, 2 actors, evaluator and step limiter as processes (tiny shared
   model, the session's compilation cache). It trains, checkpoints, stops by
   the step limiter (with a final checkpoint and evaluation) and no node
-  process outlives the launcher."""
+  process outlives the launcher. Its envs give proprio and 64x64 frames
+  (``--image``, MuJoCo EGL in the actor processes, spec 2.10), so the
+  program's replay, actors and learner carry uint8 images beside vectors."""
   logdir = str(tmp_path / 'run')
   t0 = time.monotonic()
-  code, out, pids = _run_launcher(logdir, '--env_steps=500',
+  code, out, pids = _run_launcher(logdir, '--env_steps=500', '--image',
                                   '--checkpoint_every=3', *smoke_flags,
                                   timeout=420)
   elapsed = time.monotonic() - t0
@@ -355,6 +357,9 @@ def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path, smoke_flags):
   assert abs(last['replay/ratio_after_fill'] / 16.0 - 1) < 0.1, last
   evals = _rows(logdir, 'eval')                      # final evaluation ran
   assert evals, out[-4000:]
+  assert last['train/loss/rec_image'] > 0 and 'train/loss/rec_position' in last
+  with open(os.path.join(ckpt, 'config.json')) as f:
+    assert json.load(f)['spaces']['obs']['image'] == [64, 64, 3]
   print(f'local_mp test: {elapsed:.0f}s, {last["updates"]} updates, ratio '
         f'after fill {last["replay/ratio_after_fill"]:.2f}')
 

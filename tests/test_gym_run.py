@@ -180,6 +180,35 @@ def test_train_entry_point_with_an_env_factory(tmp_path, jax_cache_dir):
                                                     summary['updates'])
 
 
+def test_train_keyword_typos_get_did_you_mean(tmp_path):
+  logdir = tmp_path / 'typo'
+  with pytest.raises(ValueError, match="'env_step': Did you mean 'env_steps'"):
+    run_dmc.train(_toy_factory, task='toy', logdir=str(logdir), env_step=100)
+  with pytest.raises(ValueError, match="'tasks': Did you mean 'task'"):
+    run_dmc.train(_toy_factory, task='toy', logdir=str(logdir), tasks=3)
+  with pytest.raises(ValueError, match="'flagfil': Did you mean 'flagfile'"):
+    run_dmc.train(_toy_factory, task='toy', logdir=str(logdir), flagfil=SMOKE)
+  assert not logdir.exists()
+
+
+def _nan_factory(seed):
+  return ToyEnv(seed=seed % 7, length=6, discrete=True, bad_obs='nan')
+
+
+@pytest.mark.parametrize('distributed', [False, True])
+def test_train_refuses_a_non_finite_observation_before_making_the_logdir(
+    tmp_path, distributed):
+  """An env whose second step observes a NaN: train() raises naming the key,
+  and no run directory is left behind, in either layout."""
+  from experiments.envs.protocol import ObservationError
+  logdir = tmp_path / 'nan'
+  with pytest.raises(ObservationError, match="'pos' has non-finite"):
+    run_dmc.train(_nan_factory, task='toy', logdir=str(logdir),
+                  flagfile=SMOKE, action_repeat=1, env_steps=120,
+                  distributed=distributed)
+  assert not logdir.exists()
+
+
 @pytest.mark.slow
 def test_env_factory_trains_in_the_launchpad_layout(tmp_path):
   """The same entry point with distributed=True: a custom discrete dm_env

@@ -34,7 +34,8 @@ from experiments.layouts.distributed.settings import (
 from experiments.run import rundir
 from experiments.run.config import RunConfig
 from experiments.run.experiment import experiment_of
-from reverb_tables.tables import UNIFORM_TABLE, make_server
+from reverb_tables.tables import ONLINE_TABLE, UNIFORM_TABLE, make_server
+from agent.types import EnvSpaces
 from tests.smoke_model import CARTPOLE_SPACES
 
 SLOTS = 3
@@ -54,22 +55,21 @@ class ParamsSource:
     return [table[n] for n in names]
 
 
-@pytest.fixture(scope='module')
-def program(tmp_path_factory):
+def _serve(root, spaces, **run_kw):
   """(spec, service, replay client, counter) of a program with 3 join slots
-  (at most 2 per remote actor), its join service serving on loopback."""
-  root = tmp_path_factory.mktemp('join')
+  (at most 2 per remote actor) on ``spaces``, its join service serving on
+  loopback; a generator: the code after its yield stops it all."""
   launch = root / 'launch'
   launch.mkdir()
   config = make_config(size='tiny', batch_size=2, batch_length=8,
                        imag_horizon=4, replay_capacity=10_000)
   run = RunConfig(task='cartpole_swingup', logdir=str(root / 'run'),
-                  env_steps=100_000, num_envs=1, time_limit=1.0)
+                  env_steps=100_000, num_envs=1, time_limit=1.0, **run_kw)
   os.makedirs(run.logdir)
   dist = DistributedConfig(num_actors=1, join_slots=SLOTS, join_max_envs=2,
                            join_lease_s=30.0, stop_grace_s=1.0)
   spec = ProgramSettings(
-      experiment=experiment_of(run, config, CARTPOLE_SPACES, SLOTS),
+      experiment=experiment_of(run, config, spaces, SLOTS),
       dist=dist, launch_dir=str(launch))
   builder = spec.builder
   server = make_server(builder.make_replay_tables())
@@ -86,6 +86,12 @@ def program(tmp_path_factory):
   service.stop()
   thread.join(30)
   server.stop()
+
+
+@pytest.fixture(scope='module')
+def program(tmp_path_factory):
+  """The program of ``_serve`` on cartpole_swingup's vector spaces."""
+  yield from _serve(tmp_path_factory.mktemp('join'), CARTPOLE_SPACES)
 
 
 def _secret(spec):
@@ -178,6 +184,42 @@ def test_a_remote_actor_with_the_secret_joins_acts_and_leaves(program):
   assert all(any(abs(x - y) < 1e-9 for y in box['scores']) for x in stored)
 
 
+def test_a_remote_actor_sends_images_through_the_join(tmp_path):
+  """DMC vision through the join (spec 2.10): the real remote actor renders
+  64x64 frames with MuJoCo EGL and sends them as uint8 arrays; the service
+  checks and stores them, and the stored items hold the frames."""
+  spaces = EnvSpaces(obs={'image': (64, 64, 3), **CARTPOLE_SPACES.obs},
+                     act_dim=CARTPOLE_SPACES.act_dim)
+  served = _serve(tmp_path, spaces, image=True)
+  spec, service, replay, _ = next(served)
+  try:
+    stop = threading.Event()
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(
+        remote.join_program(spec.run.logdir, 1, stop=stop)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while service.row()['join/items'] < 2:
+      assert thread.is_alive() and time.monotonic() < deadline, box
+      time.sleep(0.5)
+    stop.set()
+    thread.join(60)
+    assert not thread.is_alive() and box['steps'] > 0
+    from reverb_tables.packing import StepLayout
+    from agent.types import step_spec
+    layout = StepLayout.from_step_spec(step_spec(spaces, spec.config))
+    # The uniform table's rate limiter waits for the fill; the online queue
+    # (spec 5.4) hands out what is stored.
+    sample = next(replay.sample(ONLINE_TABLE, num_samples=1,
+                                emit_timesteps=False))
+    frames = layout.unpack(np.stack([sample.data[0]]))['observation']['image']
+    assert frames.dtype == np.uint8 and frames.shape[-3:] == (64, 64, 3)
+    assert frames.std() > 5
+  finally:
+    for _ in served:
+      pass
+
+
 def test_join_without_the_secret_or_with_a_wrong_one_is_refused(program,
                                                                 tmp_path):
   spec, service, replay, _ = program
@@ -258,12 +300,19 @@ def test_forged_and_stale_claim_tokens_are_refused(program):
     ('step_id', "'step_id' must be"),
     ('classes', "'latent/stoch' holds a class index"),
     ('orphan', 'not is_first outside an episode'),
+    ('reward', "'reward' is outside the env's declared range [0, 2]"),
+    ('obs', "'observation/velocity' holds |value| 1e+30 > the replay value "
+     'limit'),
+    ('action', "'action' is outside the policy's range [-7, 7]"),
 ])
 def test_bad_steps_are_refused_and_nothing_stored_changes(program, bad,
                                                           match):
   """A claim sends one bad vector step (after a good one, or as its first):
   refused with the key named, counted, its claim ends; nothing stored or
-  counted changes."""
+  counted changes. Finite but implausible values too (``step_checks``:
+  dm_control rewards, the policy's actions, the value limit), and the
+  episode that a bad step ends writes no score: the issue's one-step
+  episodes of reward 1e30 put 1e30 into scores.jsonl."""
   spec, service, replay, counter = program
   conn, ticket = _claim(service, spec, 2)
   k = 1
@@ -283,6 +332,15 @@ def test_bad_steps_are_refused_and_nothing_stored_changes(program, bad,
     arrays[names.index('step_id')][:, 1] += 10**6
   elif bad == 'classes':
     arrays[names.index('latent/stoch')][0, 0] = spec.config.classes
+  elif bad == 'reward':               # ... and it ends both envs' episodes
+    arrays[names.index('reward')][1] = 1e30
+    arrays[names.index('is_last')][:] = True
+  elif bad == 'obs':
+    arrays[names.index('observation/velocity')][0, 1] = 1e30
+  elif bad == 'action':
+    arrays[names.index('action')][1, 0] = -8.0
+  scores_file = os.path.join(spec.run.logdir, rundir.SCORES_FILE)
+  scores = os.path.getsize(scores_file) if os.path.exists(scores_file) else 0
   steps = counter.get_counts().get('actor_steps', 0)
   size, refused = _uniform_size(replay), service.row()['join/refused']
   _send_steps(conn, ticket, arrays)
@@ -292,6 +350,8 @@ def test_bad_steps_are_refused_and_nothing_stored_changes(program, bad,
   assert _uniform_size(replay) == size
   assert counter.get_counts().get('actor_steps', 0) == steps
   assert row['join/actors'] == 0
+  assert (os.path.getsize(scores_file) if os.path.exists(scores_file)
+          else 0) == scores
   del k
 
 

@@ -6,6 +6,8 @@ with the tiny model preset; each names the spec item it checks.
 
 import agent  # noqa: F401  (jax compat aliases before any acme import)
 
+import os
+
 import numpy as np
 import pytest
 import reverb
@@ -455,3 +457,40 @@ def test_checkpoint_restore_returns_same_items(replay_factory, tmp_path):
   assert restored.sampler.sample_report(200)['step_id'][:, 0, 1].max() == 20
   with pytest.raises(ValueError, match='belongs to Reverb checkpoint'):
     ckpt.load_replay_state(state_dir, str(tmp_path / 'other'))
+
+
+_NOTICE_SCRIPT = r'''
+import sys
+import agent  # noqa: F401
+import numpy as np
+import reverb
+from reverb_tables import sampler
+server = reverb.Server([reverb.Table.queue('q', 100)])
+client = server.localhost_client()
+for _ in range(20):
+  client.insert([np.zeros(3, np.float32)], {'q': 1.0})
+make = ((lambda: client._client.NewSampler('q', 1, 1)) if sys.argv[1] == 'raw'
+        else (lambda: sampler.new_sampler(client, 'q', 1)))
+for i in range(9):
+  make().GetNextTrajectory()
+  print(f'after call {i + 1}', file=sys.stderr, flush=True)
+server.stop()
+'''
+
+
+@pytest.mark.parametrize('how', ['raw', 'new_sampler'])
+def test_same_process_sampler_notice_is_muted_and_stderr_kept(how):
+  """Reverb writes "Sampler and server are owned by the same process" on the
+  1st, 2nd, 4th and 8th sampler of a process (no log level to set);
+  ``new_sampler`` mutes exactly those, and everything else on stderr stays."""
+  import subprocess
+  import sys
+  out = subprocess.run([sys.executable, '-c', _NOTICE_SCRIPT, how],
+                       capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(
+                           os.path.abspath(__file__))))
+  assert out.returncode == 0, out.stderr[-3000:]
+  notices = out.stderr.count('owned by the same process')
+  assert notices == (4 if how == 'raw' else 0), out.stderr
+  for i in range(1, 10):
+    assert f'after call {i}\n' in out.stderr, out.stderr

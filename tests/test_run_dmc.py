@@ -124,6 +124,11 @@ def test_smoke_train_kill_resume_eval(smoke_run):
   log = out.stdout + out.stderr
   assert out.returncode == 0, log[-4000:]
   assert 'resumed from' in log, log[-4000:]
+  done = [line for line in log.splitlines() if line.startswith('[done]')]
+  assert len(done) == 1 and 'ETA' not in done[0], log[-4000:]
+  # Library notices a person need not read are silenced where they start.
+  for notice in ('owned by the same process', 'Unable to initialize backend'):
+    assert notice not in log, log[-4000:]
 
   # Counters continue to the target; one checkpoint left, its Reverb dir only.
   ckpts = rundir.list_run_checkpoints(str(logdir))
@@ -194,6 +199,7 @@ def test_watch_smoke_run_mp4_and_open_loop(smoke_run, tmp_path):
   code, log = _run_tool(WATCH, f'--logdir={logdir}', f'--out={out}',
                         f'--openloop={tmp_path / "ol.png"}')
   assert code == 0, log[-3000:]
+  assert 'os.fork()' not in log, log[-3000:]
   import imageio.v2 as imageio
   reader = imageio.get_reader(str(out))
   frames = [f for f in reader]
@@ -202,6 +208,23 @@ def test_watch_smoke_run_mp4_and_open_loop(smoke_run, tmp_path):
   assert (tmp_path / 'ol.png').stat().st_size > 10_000
   code, log = _run_tool(WATCH, f'--logdir={logdir}', f'--out={tmp_path}/v.avi')
   assert code == 2 and '.mp4 or .gif' in log
+
+
+def test_watch_mp4_writer_starts_ffmpeg_without_a_fork_warning(tmp_path):
+  """imageio-ffmpeg's default preexec_fn made jax warn that os.fork() "will
+  likely lead to a deadlock" on every .mp4; watch.py starts ffmpeg without
+  it, with jax running."""
+  script = ('import sys\n'
+            'import numpy as np\n'
+            'from experiments.tools import watch\n'
+            'import jax\n'
+            'jax.numpy.ones(3).block_until_ready()\n'
+            'watch.write_video(sys.argv[1], [np.zeros((16, 16, 3), np.uint8)] * 3)\n')
+  out = tmp_path / 'v.mp4'
+  code, log = _run_tool('-c', script, str(out), timeout=300)
+  assert code == 0, log[-3000:]
+  assert out.stat().st_size > 0
+  assert 'os.fork()' not in log, log[-3000:]
 
 # --- checkpoint folder consistency (kill mid-save) ------------------------------------
 
@@ -367,8 +390,16 @@ def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_pat
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file" / "run"}')
   (tmp_path / 'file').write_text('not a directory')
   run, config, _ = options.configs_from_flags(fv)
-  with pytest.raises(ValueError, match='--logdir'):
+  with pytest.raises(ValueError, match='--logdir .*cannot be made: .*file is '
+                     'a file, not a directory'):
     local.Trainer(make_experiment(run, config))
+  # A logdir that is itself a file says so, and the file stays as it was.
+  fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file"}')
+  run, config, _ = options.configs_from_flags(fv)
+  with pytest.raises(ValueError, match="--logdir '.*file' is a file, not a "
+                     'directory'):
+    local.Trainer(make_experiment(run, config))
+  assert (tmp_path / 'file').read_text() == 'not a directory'
   # A logdir with a checkpoint of another size: error names the difference,
   # and nothing in the directory changes.
   logdir = tmp_path / 'old'

@@ -46,6 +46,8 @@ SPEC_TABLE = [
     ('outscale_con', 1.0, 'HP table outscale continue head 1.0; spec 1.5'),
     ('outscale_pol', 0.01, 'HP table outscale policy 0.01; spec 3.13'),
     ('outscale_val', 0.0, 'HP table outscale value head 0.0; spec 1.5'),
+    ('outscale_img', 1.0, 'spec 1.5 / 2.10: the config outscale 1.0 reaches '
+     "'imgout' at HEAD and at 2411f7d"),
     # --- loss scales (spec 4.1) ---
     ('loss_rec', 1.0, 'HP table loss scale rec 1.0; spec 4.1'),
     ('loss_rew', 1.0, 'HP table loss scale rew 1.0; spec 4.1'),
@@ -104,14 +106,14 @@ NOT_IN_SPEC = {
 }
 
 # spec 2.1 presets as (d, deter, hidden, classes); size1m is code only.
-SPEC_PRESETS = {
-    'size1m': (64, 512, 64, 4),
-    'size12m': (256, 2048, 256, 16),
-    'size25m': (384, 3072, 384, 24),
-    'size50m': (512, 4096, 512, 32),
-    'size100m': (768, 6144, 768, 48),
-    'size200m': (1024, 8192, 1024, 64),
-    'size400m': (1536, 12288, 1536, 96),
+SPEC_PRESETS = {      # (d, deter, hidden, classes, CNN depth), spec 2.1
+    'size1m': (64, 512, 64, 4, 4),
+    'size12m': (256, 2048, 256, 16, 16),
+    'size25m': (384, 3072, 384, 24, 24),
+    'size50m': (512, 4096, 512, 32, 32),
+    'size100m': (768, 6144, 768, 48, 48),
+    'size200m': (1024, 8192, 1024, 64, 64),
+    'size400m': (1536, 12288, 1536, 96, 96),
 }
 
 
@@ -159,9 +161,11 @@ def test_derived_defaults():
 def test_size_presets_match_spec_2_1():
   presets = config_lib.SIZE_PRESETS
   assert set(presets) == set(SPEC_PRESETS) | {'tiny'}
-  for name, (d, deter, hidden, classes) in SPEC_PRESETS.items():
+  for name, (d, deter, hidden, classes, depth) in SPEC_PRESETS.items():
     p = presets[name]
-    assert (p.units, p.deter, p.hidden, p.classes) == (d, deter, hidden, classes), name
+    assert (p.units, p.deter, p.hidden, p.classes, p.depth) == (
+        d, deter, hidden, classes, depth), name
+    assert depth == d // 16                # the CNN depth column (2.1, 2.10)
     # The spec 2.1 rules: D = 8d, C = d/16, hidden = d.
     assert deter == 8 * d and classes == d // 16 and hidden == d
     c = config_lib.make_config(size=name)

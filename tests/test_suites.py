@@ -163,6 +163,16 @@ def test_unknown_tasks_and_suites():
     suites.check_task('gym', 'CartPole-v9')
   with pytest.raises(ValueError, match='unknown suite'):
     suites.check_task('atari', 'Pong')
+  # A typo gets "did you mean" with the close names, in every suite.
+  with pytest.raises(ValueError, match="'CartPol-v1'. Did you mean 'CartPole-v1'"):
+    suites.check_task('gym', 'CartPol-v1')
+  with pytest.raises(ValueError, match="'Pendulm-v1'. Did you mean 'Pendulum-v1'"):
+    suites.check_task('gymnasium', 'Pendulm-v1')
+  with pytest.raises(ValueError, match="'walker_wlak'. Did you mean 'walker_walk'"):
+    suites.check_task('dmc', 'walker_wlak')
+  with pytest.raises(ValueError) as err:                 # nothing close: no guess
+    suites.check_task('dmc', 'xyz')
+  assert 'Did you mean' not in str(err.value)
   with pytest.raises(ValueError, match='time_limit'):
     suites.make_env('gym', 'CartPole-v1', 1, 0, time_limit=1.0)
   with pytest.raises(ValueError, match='not a dm_env.Environment'):

@@ -18,7 +18,7 @@ import numpy as np
 
 import agent  # noqa: F401  (jax compat before acme)
 from acme.wrappers import gym_wrapper
-from experiments.envs.protocol import gym_step_timestep
+from experiments.envs.protocol import did_you_mean, gym_step_timestep
 
 
 class GymWrapper(gym_wrapper.GymWrapper):
@@ -58,7 +58,8 @@ def gym_task_names() -> Tuple[str, ...]:
 
 
 def unknown_task_message(task: str, names) -> str:
-  return (f'Unknown gym task {task!r}. Registered gym 0.26 tasks: '
+  return (f'Unknown gym task {task!r}.{did_you_mean(task, names)} '
+          f'Registered gym 0.26 tasks: '
           f'{", ".join(names)}')
 
 

@@ -25,7 +25,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from experiments.envs.protocol import gym_step_timestep
+from experiments.envs.protocol import did_you_mean, gym_step_timestep
 
 
 def _import():
@@ -39,7 +39,8 @@ def task_names() -> Tuple[str, ...]:
 
 
 def unknown_task_message(task: str, names) -> str:
-  return (f'Unknown gymnasium task {task!r}. Registered gymnasium tasks: '
+  return (f'Unknown gymnasium task {task!r}.{did_you_mean(task, names)} '
+          f'Registered gymnasium tasks: '
           f'{", ".join(names)}')
 
 
@@ -58,12 +59,12 @@ def observation_spec(space, task: str):
     for key, sub in space.spaces.items():
       if not isinstance(sub, spaces.Box):
         raise ValueError(f'{task}: observation key {key!r} is a '
-                         f'{type(sub).__name__} space; only Box (vector) '
-                         'observations are supported')
+                         f'{type(sub).__name__} space; only Box observations (vectors, '
+                         'or uint8 (H, W, C) images) are supported')
       out[key] = _box_spec(sub, key)
     return out
   raise ValueError(f'{task}: observation space {space} is not supported; use '
-                   'a Box or a Dict of Box (vector observations)')
+                   'a Box or a Dict of Box (vectors, or uint8 (H, W, C) images)')
 
 
 def action_spec(space, task: str):

@@ -1,4 +1,4 @@
-"""Any vector-observation ``dm_env.Environment`` under the DreamerV3 env protocol.
+"""Any vector- or image-observation ``dm_env.Environment`` under the DreamerV3 env protocol.
 
 ``ProtocolEnv(env, action_repeat, name)`` is what ``experiments.envs.vector.VectorEnv``
 steps, whatever the suite (dm_control, gym through ``experiments.envs.suites``, or
@@ -20,13 +20,18 @@ a user's own ``dm_env`` factory). Spec items implemented here:
        stores its one-hot.
   7.5  Action repeat: rewards summed, stopping early at a LAST step; reset
        steps are not repeated.
-  2.9  Vector observations only: a dict of arrays (nested dicts are
-       flattened with '_', '/' becomes '_') or a single array (key
-       ``'vector'``); scalars become shape (1,), values float32. An image-like
-       (rank >= 3, or uint8 rank >= 2) or non-numeric observation is refused
-       at construction; every emitted observation is checked for its shape
-       and for finite values, and a bad one raises ``ObservationError``
-       naming the key before the caller sees (or stores) it.
+  2.9  Vector observations: a dict of arrays (nested dicts are flattened
+       with '_', '/' becomes '_') or a single array (key ``'vector'``, or
+       ``'image'`` for a single image);
+       scalars become shape (1,), values float32.
+  2.10 Images: a uint8 observation of rank 3 (H, W, C) is an image key,
+       passed on as uint8. A float or other-rank image, or a side outside the
+       CNN's resolution rule, is refused at construction naming the key.
+       Every emitted observation is checked for its shape (an image's channel
+       count cannot change), its dtype (an image stays uint8), finite values
+       (vectors) and keys the spec does not have; a bad one raises
+       ``ObservationError`` naming the key before the caller sees (or
+       stores) it.
 
 Each obs dict also holds 'reward' (float32 scalar), 'is_first', 'is_last' and
 'is_terminal' (bool scalars); reward is the reward received on entering the
@@ -35,16 +40,19 @@ obs (spec 2.15).
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Dict, List, Optional, Tuple
 
 import dm_env as dm_env_lib
 import numpy as np
 from dm_env import specs
 
-from agent.types import EnvSpaces
+from agent import cnn
+from agent.types import EnvSpaces, is_image_shape
 
 RESERVED_KEYS = ('reward', 'is_first', 'is_last', 'is_terminal')
 SINGLE_OBS_KEY = 'vector'
+SINGLE_IMAGE_KEY = 'image'       # a single uint8 (H, W, C) array
 
 
 def gym_step_timestep(reward, observation, terminated: bool,
@@ -57,6 +65,19 @@ def gym_step_timestep(reward, observation, terminated: bool,
   if truncated:
     return dm_env_lib.truncation(reward, observation)
   return dm_env_lib.transition(reward, observation)
+
+
+def did_you_mean(name, choices) -> str:
+  """" Did you mean 'x'?" for the names of ``choices`` closest to ``name``
+  (difflib, case-insensitive; up to three), or '' when none is close."""
+  by_lower = {}
+  for choice in choices:
+    by_lower.setdefault(str(choice).lower(), str(choice))
+  close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=3,
+                                    cutoff=0.75)
+  if not close:
+    return ''
+  return f' Did you mean {" or ".join(repr(by_lower[c]) for c in close)}?'
 
 
 class ObservationError(ValueError):
@@ -73,7 +94,8 @@ def check_repeat(action_repeat) -> int:
 def _flatten_spec(spec, prefix='') -> List[Tuple[Tuple[str, ...], str, Any]]:
   """[(path, key, array spec)] of a dict (possibly nested) or a single array."""
   if isinstance(spec, specs.Array):
-    return [((), prefix or SINGLE_OBS_KEY, spec)]
+    image = len(spec.shape) == 3 and np.dtype(spec.dtype) == np.uint8
+    return [((), prefix or (SINGLE_IMAGE_KEY if image else SINGLE_OBS_KEY), spec)]
   if isinstance(spec, dict) or hasattr(spec, 'items'):
     out = []
     for raw, sub in spec.items():
@@ -85,6 +107,24 @@ def _flatten_spec(spec, prefix='') -> List[Tuple[Tuple[str, ...], str, Any]]:
                    'spec 2.9)')
 
 
+def _image_problem(key: str, shape, dtype):
+  """What keeps an image-like observation out (spec 2.10), or None."""
+  if len(shape) == 3 and dtype == np.uint8:
+    return cnn.image_shape_problem(key, shape)
+  if len(shape) == 3:
+    return (f'observation {key!r} of shape {shape} is an image of dtype {dtype}: '
+            'images must be uint8 (H, W, C) with values 0-255 (spec 2.10); '
+            'convert it, e.g. (x * 255).astype(np.uint8)')
+  if len(shape) > 3:
+    return (f'observation {key!r} has rank {len(shape)} (shape {shape}): give a '
+            'vector (rank <= 2) or one (H, W, C) uint8 image per key')
+  if dtype == np.uint8 and len(shape) == 2:
+    return (f'observation {key!r} of shape {shape} and dtype uint8 looks like '
+            'a single-channel image without its channel axis: give it as '
+            f'({shape[0]}, {shape[1]}, 1), or as float32 if it is a vector')
+  return None
+
+
 def observation_keys(spec, name: str):
   """[(path, key, shape)] and {key: shape} from an observation spec (module doc)."""
   keys, shapes = [], {}
@@ -94,11 +134,9 @@ def observation_keys(spec, name: str):
     if dtype.kind not in 'biuf':
       raise ObservationError(f'{name}: observation {key!r} has dtype {dtype}, '
                              'not a number')
-    if len(shape) >= 3 or (dtype == np.uint8 and len(shape) >= 2):
-      raise ObservationError(
-          f'{name}: observation {key!r} of shape {shape} and dtype {dtype} looks '
-          'like an image; this agent takes vector observations only (spec 2.9). '
-          'Drop the key or give a flat vector.')
+    problem = _image_problem(key, shape, dtype)
+    if problem:
+      raise ObservationError(f'{name}: {problem}')
     if key in shapes:
       raise ObservationError(f'{name}: observation keys collide after flattening: '
                              f'{key!r}')
@@ -129,7 +167,7 @@ class ProtocolEnv:
     self._env = env
     self.task = name or type(env).__name__
     self.seed = seed
-    self._keys, shapes = observation_keys(env.observation_spec(), self.task)
+    self._keys, shapes = observation_keys(self.observation_spec(), self.task)
     spec = env.action_spec()
     if not isinstance(spec, specs.Array):
       raise ValueError(f'{self.task}: action spec {type(spec).__name__} is not '
@@ -200,6 +238,16 @@ class ProtocolEnv:
   def dm_env(self):
     """The wrapped dm_env environment."""
     return self._env
+
+  # --- what a suite may add (experiments.envs.dmc renders its images here) ----
+  def observation_spec(self):
+    """The observation spec the protocol reads (default: the env's)."""
+    return self._env.observation_spec()
+
+  def observation(self, time_step):
+    """The observation of the agent step that ``time_step`` ends (after the
+    repeat; default: the env's own)."""
+    return time_step.observation
 
   # --- protocol --------------------------------------------------------------
   def reset(self) -> Dict[str, np.ndarray]:
@@ -280,18 +328,41 @@ class ProtocolEnv:
             f'action_repeat={self._repeat}, seed={self.seed!r})')
 
   # --- internals -------------------------------------------------------------
+  def _check_keys(self, observation):
+    """A top-level key the spec lacks (e.g. an image that appears mid-episode)
+    is an error, not silently dropped."""
+    if not hasattr(observation, 'keys') or not self._keys or not self._keys[0][0]:
+      return
+    known = {path[0] for path, _, _ in self._keys}
+    extra = sorted(str(k) for k in observation.keys() if k not in known)
+    if extra:
+      raise ObservationError(
+          f'{self.task}: observation key(s) {extra} are not in the observation '
+          f'spec (keys {sorted(str(k) for k in known)}); the keys of a run are '
+          'fixed by the spec at the start')
+
   def _obs(self, time_step, reward: float) -> Dict[str, np.ndarray]:
     obs = {}
-    observation = time_step.observation
+    observation = self.observation(time_step)
+    self._check_keys(observation)
     for path, key, shape in self._keys:
       value = observation
+      image = is_image_shape(shape)
       try:
         for part in path:
           value = value[part]
-        arr = np.asarray(value, np.float32)
+        arr = np.asarray(value) if image else np.asarray(value, np.float32)
       except (KeyError, TypeError, ValueError) as e:
         raise ObservationError(f'{self.task}: observation {key!r} is missing or '
                                f'not numeric ({type(e).__name__}: {e})') from e
+      if image:
+        if arr.shape != shape or arr.dtype != np.uint8:
+          raise ObservationError(
+              f'{self.task}: image {key!r} is {arr.dtype} {arr.shape}, the spec '
+              f'says uint8 {shape} (spec 2.10: its size, channel count and '
+              'dtype are fixed for the run)')
+        obs[key] = arr
+        continue
       if arr.size != int(np.prod(shape)):
         raise ObservationError(f'{self.task}: observation {key!r} has shape '
                                f'{arr.shape}, the spec says {shape}')

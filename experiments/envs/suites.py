@@ -26,7 +26,7 @@ have (listing what it has), so flags fail before anything is written.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import dm_env
 
@@ -37,10 +37,13 @@ SUITES = ('dmc', 'gym', 'gymnasium', 'custom')
 EnvFactory = Callable[[int], dm_env.Environment]
 
 
-def check_task(suite: str, task: str, time_limit: Optional[float] = None) -> None:
+def check_task(suite: str, task: str, time_limit: Optional[float] = None,
+               image: bool = False, proprio: bool = True) -> None:
   """ValueError naming the problem when ``suite`` has no task ``task``, or
-  when ``time_limit`` (dm_control's simulated seconds) is given for another
-  suite. The one place these rules live (flags, RunConfig and make_env)."""
+  when ``time_limit`` (dm_control's simulated seconds) or the ``image`` /
+  ``proprio`` switches (dm_control's observations, spec 2.10) are given for
+  another suite. The one place these rules live (flags, RunConfig and
+  make_env)."""
   if suite not in SUITES:
     raise ValueError(f'unknown suite {suite!r}; valid: {", ".join(SUITES)}')
   if not task or not isinstance(task, str):
@@ -60,24 +63,47 @@ def check_task(suite: str, task: str, time_limit: Optional[float] = None) -> Non
   if suite != 'dmc' and time_limit is not None:
     raise ValueError('--time_limit (simulated seconds) is a dm_control '
                      f'setting; --suite={suite} envs end by their own limits')
+  if suite != 'dmc' and (image or not proprio):
+    raise ValueError("--image / --noproprio choose dm_control's observations; "
+                     f'--suite={suite} envs give their own (an image space is '
+                     'used as an image)')
+  if suite == 'dmc':
+    dmc.check_observations(image, proprio)
+
+
+def reward_range(suite: str, task: str, action_repeat: int
+                 ) -> Optional[Tuple[float, float]]:
+  """(low, high) of a stored reward (one agent step: the sum of up to
+  ``action_repeat`` control steps' rewards, 0 at a reset, spec 7.2, 7.5)
+  where the suite declares a reward range per control step (dm_control:
+  ``dmc.REWARD_RANGE``); None where it does not (gym, gymnasium, custom,
+  dm_control's lqr: the replay's value limit applies,
+  ``reverb_tables.step_checks``)."""
+  if suite != 'dmc' or dmc.parse_task(task)[0] in dmc.UNBOUNDED_REWARD_DOMAINS:
+    return None
+  lo, hi = dmc.REWARD_RANGE
+  return (min(0.0, lo * action_repeat), max(0.0, hi * action_repeat))
 
 
 def make_env(suite: str, task: str, action_repeat: int, seed: int, *,
              time_limit: Optional[float] = None,
              environment_kwargs: Optional[dict] = None,
              env_factory: Optional[EnvFactory] = None,
-             render: bool = False) -> ProtocolEnv:
+             render: bool = False, image: bool = False,
+             proprio: bool = True) -> ProtocolEnv:
   """One env of ``suite`` with the DreamerV3 protocol (module doc).
 
   ``time_limit`` (simulated seconds) is dm_control's; ``render`` makes gym
   envs render rgb_array frames (dm_control renders through its physics)."""
   if env_factory is not None:
     suite = 'custom'
-  if suite not in SUITES or (suite != 'dmc' and time_limit is not None):
-    check_task(suite, task, time_limit)          # raises, naming the problem
+  if suite not in SUITES or (suite != 'dmc' and (
+      time_limit is not None or image or not proprio)):
+    check_task(suite, task, time_limit, image, proprio)  # raises, naming it
   if suite == 'dmc':
     return dmc.DMCEnv(task, action_repeat, seed=seed, time_limit=time_limit,
-                      environment_kwargs=environment_kwargs)
+                      environment_kwargs=environment_kwargs, image=image,
+                      proprio=proprio)
   if suite == 'gym':
     from experiments.envs import gym   # lazy: gym and acme's wrapper (~2 s)
     return ProtocolEnv(gym.make_gym(task, seed, render), action_repeat, task, seed)

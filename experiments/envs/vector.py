@@ -84,7 +84,8 @@ class VectorEnv(dm_env.Environment):
                action_repeat: int = DEFAULT_ACTION_REPEAT, seed: int = 0,
                time_limit: Optional[float] = None,
                environment_kwargs: Optional[dict] = None, first_index: int = 0,
-               suite: str = 'dmc', env_factory: Optional[Callable] = None):
+               suite: str = 'dmc', env_factory: Optional[Callable] = None,
+               image: bool = False, proprio: bool = True):
     if (isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer))
         or num_envs < 1):
       raise ValueError(f'num_envs must be an integer >= 1, got {num_envs!r}')
@@ -100,7 +101,7 @@ class VectorEnv(dm_env.Environment):
         self.envs.append(suites.make_env(
             suite, task, self._repeat, worker_seed(seed, first_index + i),
             time_limit=time_limit, environment_kwargs=environment_kwargs,
-            env_factory=env_factory))
+            env_factory=env_factory, image=image, proprio=proprio))
         if self.envs[-1].spaces != self.envs[0].spaces:
           raise ValueError(f'{task}: env {i} has spaces {self.envs[-1].spaces}, '
                            f'env 0 has {self.envs[0].spaces}')
@@ -175,7 +176,7 @@ class VectorEnv(dm_env.Environment):
   # --- dm_env specs ------------------------------------------------------------
   def observation_spec(self):
     n = self.num_envs
-    out = {k: specs.Array((n,) + tuple(s), np.float32, name=k)
+    out = {k: specs.Array((n,) + tuple(s), self._spaces.obs_dtype(k), name=k)
            for k, s in self._spaces.obs.items()}
     out['reward'] = specs.Array((n,), np.float32, name='reward')
     for k in RESERVED_KEYS[1:]:
@@ -231,7 +232,7 @@ class VectorEnv(dm_env.Environment):
 
   def _alloc(self) -> Dict[str, np.ndarray]:
     n = self.num_envs
-    out = {k: np.empty((n,) + tuple(s), np.float32)
+    out = {k: np.empty((n,) + tuple(s), self._spaces.obs_dtype(k))
            for k, s in self._spaces.obs.items()}
     out['reward'] = np.empty((n,), np.float32)
     for k in ('is_first', 'is_last', 'is_terminal'):

@@ -208,6 +208,7 @@ class Trainer:
     run = self.run_config
     self._t_start, self._wall0 = time.perf_counter(), self.wall_time
     self._last_ckpt = self._last_progress = time.perf_counter()
+    self._eta = metrics.Eta()
     self._row_scores, self._row_lengths = [], []
     self._last_row_step = None
     self._row_mark = self._tally()
@@ -318,9 +319,11 @@ class Trainer:
     else:
       fps = (self.env_steps - recent[1]) / max(now - recent[0], 1e-9)
     self._prog_mark = (now, self.env_steps)
+    self._eta.mark(self.wall_time, self.env_steps, training=self.updates > 0)
     self._log(metrics.progress_line(
         self.env_steps, self.run_config.env_steps, self.updates, fps,
-        self.wall_time, self.recent_scores, final=final))
+        self.wall_time, self.recent_scores, final=final,
+        eta=self._eta.seconds_left(self.env_steps, self.run_config.env_steps)))
 
   # -- evaluation (spec 7.3) ------------------------------------------------------------
   def evaluate(self) -> Dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from experiments.envs import suites
 from experiments.envs.vector import VectorEnv
+from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
 # Segment r of a run seeds its training envs from seed + SEGMENT_SEED_STRIDE*r;
 # its eval envs add EVAL_SEED_OFFSET; the k-th in-place restart of a
@@ -59,6 +60,7 @@ RUN_RULES: Dict[str, Rule] = {
     'eval_every': ('eval_every', 0, None, False),
     'learner_devices': ('learner_devices', 1, None, False),
     'policy_device': ('policy_device', 0, None, False),
+    'replay_value_limit': ('replay_value_limit', 0, None, True),
 }
 
 
@@ -117,6 +119,10 @@ class RunConfig:
   checkpointed with N devices resumes with M.
   max_skipped_updates: consecutive skipped (non-finite) updates after which
   the run stops (``experiments.run.health.SkipGuard``, issue 22); 0 never.
+  replay_value_limit: the largest |value| of a stored observation, and of
+  a reward or action without a declared range; the replay refuses (adders)
+  and drops (the learner's sampler) steps beyond it
+  (``reverb_tables.step_checks``). Not resume-fixed.
   """
   task: str
   logdir: str
@@ -132,6 +138,8 @@ class RunConfig:
   learner_log_every: int = 0              # updates; 0 = no 'learner' rows
   progress_every: float = 10.0
   time_limit: Optional[float] = None
+  image: bool = False                     # dm_control: render 64x64 'image' (2.10)
+  proprio: bool = True                    # dm_control: its vector keys
   chunk_length: Optional[int] = None      # None: the WindowAdder default
   prefetch: bool = True
   report: bool = True
@@ -139,6 +147,7 @@ class RunConfig:
   learner_devices: int = 1                # data-parallel update (agent.parallel)
   policy_device: int = 0                  # device serving acting params
   max_skipped_updates: int = 100          # experiments.run.health; 0 = never stop
+  replay_value_limit: float = DEFAULT_VALUE_LIMIT   # reverb_tables.step_checks
   flags_text: str = ''
   verbose: bool = True
   # suite 'custom': seed -> dm_env.Environment (not saved; give it again to
@@ -150,7 +159,8 @@ class RunConfig:
     check_rules(RUN_RULES, self)
     if self.suite == 'custom' and self.env_factory is None:
       raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
-    suites.check_task(self.suite, self.task, self.time_limit)
+    suites.check_task(self.suite, self.task, self.time_limit, self.image,
+                      self.proprio)
     check_max_skipped(self.max_skipped_updates)
     if self.eval_policy not in ('sample', 'mode'):
       raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "
@@ -162,7 +172,8 @@ class RunConfig:
     seeded ``worker_seed(base_seed, first_index + i)``."""
     return VectorEnv(self.task, num_envs, self.action_repeat, seed=base_seed,
                      time_limit=self.time_limit, first_index=first_index,
-                     suite=self.suite, env_factory=self.env_factory)
+                     suite=self.suite, env_factory=self.env_factory,
+                     image=self.image, proprio=self.proprio)
 
 
 def enable_compilation_cache(path: str) -> None:

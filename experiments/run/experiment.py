@@ -25,9 +25,13 @@ step-id layout and the latent store (spec 5.9).
 from __future__ import annotations
 
 import dataclasses
+import os
+
+import numpy as np
 
 from agent.config import DreamerConfig
-from agent.types import EnvSpaces
+from agent.types import EnvSpaces, step_bytes
+from experiments.envs import suites
 from experiments.run.config import RunConfig, segment_seed
 
 
@@ -44,15 +48,74 @@ class DreamerExperiment:
     return self.config.seed
 
 
+# Agent steps of the probe episode make_experiment runs (or fewer, when the
+# episode ends first).
+PROBE_STEPS = 32
+
+
 def make_experiment(run: RunConfig, config: DreamerConfig,
                     join_workers: int = 0) -> DreamerExperiment:
-  """The experiment of ``run`` and ``config``: one env is made and closed
-  for its spaces first, so an env the agent cannot take fails here, before
-  anything is written (``experiments.envs.protocol``)."""
+  """The experiment of ``run`` and ``config``. One env is made for its
+  spaces, reset and stepped with a neutral action (zeros, or index 0) to the
+  end of its first episode or ``PROBE_STEPS`` steps, then closed: an env the
+  agent cannot take, or whose first observations are non-finite or wrongly
+  shaped, fails here (``experiments.envs.protocol``, naming the key), before
+  the layout makes the run directory. Then the replay's memory is fitted to
+  the machine (``fit_replay``)."""
   env = run.make_env(1, segment_seed(0, 0))
-  spaces = env.spaces
-  env.close()
+  try:
+    spaces = env.spaces
+    action = (np.zeros((1,), np.int64) if spaces.discrete else
+              np.zeros((1, spaces.act_dim)))
+    step = env.reset()
+    for _ in range(PROBE_STEPS):
+      if step.observation['is_last'].all():
+        break
+      step = env.step(action)
+  finally:
+    env.close()
+  config = fit_replay(run, config, spaces, memory_bytes())
   return experiment_of(run, config, spaces, join_workers)
+
+
+# The share of the machine's memory the replay may hold; the rest is the
+# learner's, the envs' and the system's.
+REPLAY_MEMORY_SHARE = 0.5
+
+
+def memory_bytes() -> int:
+  """The machine's memory (MemTotal: the same at every start on one
+  machine, so a resumed run fits its replay as it did before)."""
+  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+
+def fit_replay(run: RunConfig, config: DreamerConfig, spaces: EnvSpaces,
+               memory: int) -> DreamerConfig:
+  """The replay holds at most min(capacity, the run's agent steps) steps of
+  ``step_bytes`` each (spec 5.1; images make that 12 KB a step). When that
+  exceeds REPLAY_MEMORY_SHARE of ``memory``: the spec's default capacity
+  shrinks to what fits (a pixel run's default, said in one line); a capacity
+  the user chose is a ValueError naming the estimate, before anything is
+  written. The estimate is the uncompressed size: Reverb's chunk compression
+  makes the real footprint smaller (docs/metrics.md), never larger."""
+  per_step = step_bytes(spaces, config)
+  steps = run.env_steps // run.action_repeat + run.num_envs
+  peak = min(config.replay_capacity, steps) * per_step
+  budget = int(REPLAY_MEMORY_SHARE * memory)
+  if peak <= budget:
+    return config
+  fits = max(config.batch_size * config.seq_len, budget // per_step)
+  gib = 1 << 30
+  what = (f'{min(config.replay_capacity, steps):,} steps x {per_step:,} B = '
+          f'{peak / gib:.1f} GiB, over {REPLAY_MEMORY_SHARE:.0%} of this '
+          f'machine\'s {memory / gib:.1f} GiB')
+  default = DreamerConfig.__dataclass_fields__['replay_capacity'].default
+  if config.replay_capacity != default:
+    raise ValueError(f'--replay_capacity {config.replay_capacity:,} would hold '
+                     f'{what}; give at most {fits:,} (or fewer --env_steps)')
+  print(f'[replay] capacity {fits:,} steps (the default would hold {what})',
+        flush=True)
+  return config.replace(replay_capacity=int(fits))
 
 
 def experiment_of(run: RunConfig, config: DreamerConfig, spaces: EnvSpaces,
@@ -60,11 +123,16 @@ def experiment_of(run: RunConfig, config: DreamerConfig, spaces: EnvSpaces,
   """The experiment for known ``spaces`` (another host's settings,
   ``ProgramSettings.from_json``): no env is made."""
   from agent.builder import DreamerBuilder
+  from agent.types import step_bounds
 
   builder = DreamerBuilder(
       config, spaces, num_envs=run.num_envs, chunk_length=run.chunk_length,
       eval_policy=run.eval_policy, prefetch=run.prefetch,
       learner_devices=run.learner_devices, policy_device=run.policy_device,
-      join_workers=join_workers)
+      join_workers=join_workers, step_bounds=step_bounds(
+          spaces, config,
+          reward=suites.reward_range(run.suite, run.task,
+                                     run.action_repeat),
+          value_limit=run.replay_value_limit))
   return DreamerExperiment(run=run, config=config, spaces=spaces,
                            builder=builder)

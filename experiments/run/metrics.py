@@ -6,13 +6,14 @@
   Tally         the cumulative counts a train row is computed from
   train_row     the 'train' row of both layouts: one definition per metric
   eval_row      the 'eval' row (spec 7.3)
-  progress_line the live progress line on stderr
+  progress_line the live progress line on stderr; Eta its time left
 
 The log and eval grids use ``experiments.run.config.next_multiple``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -24,6 +25,7 @@ import numpy as np
 
 import agent  # noqa: F401  (jax compat before acme)
 from acme.utils.loggers import base as loggers_base
+from experiments.run.private_files import open_run_file
 from experiments.run.rundir import METRICS_FILE, TB_DIR, jsonable
 
 
@@ -32,10 +34,12 @@ class RunLogger(loggers_base.Logger):
 
   Rows are dicts with 'kind' ('train' / 'eval') and 'env_step' (the
   TensorBoard step); each row is one O_APPEND write, so the learner and the
-  evaluator processes of a distributed run can share the file.
+  evaluator processes of a distributed run can share the file. The file is
+  never opened through a symbolic link (``private_files.open_run_file``).
   """
 
   def __init__(self, logdir: str, tensorboard: bool = True):
+    self._logdir = logdir
     self._path = os.path.join(logdir, METRICS_FILE)
     self._tb = None
     if tensorboard:
@@ -46,7 +50,8 @@ class RunLogger(loggers_base.Logger):
   def write(self, row: Mapping[str, Any]) -> None:
     clean = {k: jsonable(v) for k, v in row.items()}
     line = (json.dumps(clean) + '\n').encode()
-    fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_run_file(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                       root=self._logdir)
     try:
       os.write(fd, line)
     finally:
@@ -259,12 +264,55 @@ def fmt_secs(s: float) -> str:
   return f'{s}s'
 
 
+class Eta:
+  """Time left at the recent rate, for the progress line.
+
+  ``mark(wall, env_steps, training)`` at every progress line. The rate is the
+  env steps per second of wall time between the oldest and the newest mark
+  of the last ``window_s`` seconds, counting only marks taken while training
+  runs: while the replay fills, env steps come many times faster than they
+  will once updates run, and the whole-run average mixes both (the paper
+  protocol's first ETA said 1 h for a 76 h run). ``seconds_left`` is None
+  (the line says "estimating") until two such marks exist."""
+
+  def __init__(self, window_s: float = 300.0):
+    self.window_s = float(window_s)
+    self._marks: collections.deque = collections.deque()
+
+  def mark(self, wall: float, env_steps: int, training: bool) -> None:
+    if not training:
+      self._marks.clear()
+      return
+    if self._marks and wall <= self._marks[-1][0]:
+      return                             # the same row read again
+    self._marks.append((float(wall), int(env_steps)))
+    while (len(self._marks) > 2 and
+           self._marks[-1][0] - self._marks[1][0] >= self.window_s):
+      self._marks.popleft()
+
+  def rate(self) -> Optional[float]:
+    """Env steps per second over the window (None while estimating)."""
+    if len(self._marks) < 2:
+      return None
+    (t0, s0), (t1, s1) = self._marks[0], self._marks[-1]
+    return (s1 - s0) / (t1 - t0) if s1 > s0 else None
+
+  def seconds_left(self, env_steps: int, target: int) -> Optional[float]:
+    rate = self.rate()
+    return None if rate is None else max(0, target - env_steps) / rate
+
+
 def progress_line(env_steps: int, target: int, updates: int, fps: float,
-                  wall: float, scores=(), extra: str = '', final=False) -> str:
-  """The live progress line of both layouts."""
-  eta = max(0, target - env_steps) / fps if fps > 0 else float('inf')
+                  wall: float, scores=(), extra: str = '', final=False,
+                  eta: Optional[float] = None) -> str:
+  """The live progress line of both layouts. ``eta``: seconds left at the
+  recent rate (``Eta``), None while estimating; the final line has none."""
   scores = ', '.join(f'{s:.0f}' for s in scores) or '-'
-  return (f'[{"done" if final else "run"}] {fmt_steps(env_steps)}/'
+  line = (f'[{"done" if final else "run"}] {fmt_steps(env_steps)}/'
           f'{fmt_steps(target)} env steps | {updates} updates | '
           f'{fps:.1f} env steps/s | last scores: {scores}{extra} | '
-          f'elapsed {fmt_secs(wall)} | ETA {fmt_secs(eta)}')
+          f'elapsed {fmt_secs(wall)}')
+  if final:
+    return line
+  return line + (' | ETA estimating' if eta is None else
+                 f' | ETA {fmt_secs(eta)}')

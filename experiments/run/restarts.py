@@ -9,6 +9,7 @@ import os
 import time
 from typing import Any, Mapping
 
+from experiments.run.private_files import open_run_file
 from experiments.run.rundir import json_default
 
 RESTARTS_FILE = 'restarts.jsonl'
@@ -18,7 +19,9 @@ def append_restart(logdir: str, record: Mapping[str, Any]) -> int:
   """Appends one restart (node, exit status, kind, ...) to restarts.jsonl in
   one write; returns the run's restart count (the ``run/restarts`` metric)."""
   line = json.dumps({'time': time.time(), **record}, default=json_default)
-  with open(os.path.join(logdir, RESTARTS_FILE), 'a') as f:
+  fd = open_run_file(os.path.join(logdir, RESTARTS_FILE),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT, root=logdir)
+  with os.fdopen(fd, 'a') as f:
     f.write(line + '\n')
   return count_restarts(logdir)
 

@@ -52,7 +52,9 @@ from typing import Any, Dict, List, Mapping, Optional
 import numpy as np
 
 from experiments.run.config import RunConfig, log
-from experiments.run.private_files import check_private_tree
+from experiments.run.private_files import (
+    UntrustedFileError, check_not_link, check_private_tree, check_run_folder,
+    open_run_file)
 from experiments.run.run_state import (  # noqa: F401  (rundir's public API)
     ACTOR_KEYS, LEARNER_KEYS, MODES, ONE_PROCESS_LEARNER_KEYS, RUN_STATE_FILE,
     RUN_STATE_SCHEMA, load_run_state, make_run_state)
@@ -76,7 +78,7 @@ LOG_FILES = {'metrics_bytes': METRICS_FILE, 'scores_bytes': SCORES_FILE,
              'eval_scores_bytes': os.path.join(EVAL_DIR, SCORES_FILE)}
 # Run settings that must not change on resume (besides every DreamerConfig field).
 RESUME_FIXED = ('suite', 'task', 'num_envs', 'action_repeat', 'time_limit',
-                'chunk_length')
+                'image', 'proprio', 'chunk_length')
 
 
 # --- files ----------------------------------------------------------------------
@@ -147,19 +149,33 @@ def tail_lines(path: str, nbytes: int = 65536) -> List[str]:
     return f.read().decode(errors='replace').splitlines()
 
 
-def cut_file(path: str, size: int) -> int:
-  """Moves bytes past ``size`` of ``path`` to ``path.discarded``; returns them."""
-  if not os.path.exists(path):
+def _open_in(logdir: str, path: str, flags: int):
+  """A binary file object of ``path``, a file of the run directory
+  ``logdir`` (``private_files.open_run_file``: no symlink, nothing outside
+  ``logdir``)."""
+  fd = open_run_file(path, flags, root=logdir)
+  access = flags & os.O_ACCMODE
+  mode = ('rb' if access == os.O_RDONLY else 'ab' if flags & os.O_APPEND
+          else 'wb' if access == os.O_WRONLY else 'r+b')
+  return os.fdopen(fd, mode)
+
+
+def cut_file(logdir: str, name: str, size: int) -> int:
+  """Moves bytes past ``size`` of the log file ``name`` of ``logdir`` to
+  ``<name>.discarded``; returns them. Neither file is opened through a
+  symbolic link or outside ``logdir`` (``private_files.open_run_file``)."""
+  path = os.path.join(logdir, name)
+  if not os.path.lexists(path):
     return 0
-  total = os.path.getsize(path)
-  if total <= size:
-    return 0
-  with open(path, 'rb') as f:
+  with _open_in(logdir, path, os.O_RDWR) as f:
+    total = os.fstat(f.fileno()).st_size
+    if total <= size:
+      return 0
     f.seek(size)
     tail = f.read()
-  with open(path + '.discarded', 'ab') as f:
-    f.write(tail)
-  with open(path, 'r+b') as f:
+    with _open_in(logdir, path + '.discarded',
+                  os.O_WRONLY | os.O_APPEND | os.O_CREAT) as out:
+      out.write(tail)
     f.truncate(size)
   return total - size
 
@@ -200,8 +216,9 @@ def append_score(logdir: str, task: str, env_step: int, score: float,
   os.makedirs(logdir, exist_ok=True)
   line = json.dumps({'task': normalize_task(task), 'env_step': int(env_step),
                      'score': score, 'seed': int(seed)})
-  with open(os.path.join(logdir, SCORES_FILE), 'a') as f:
-    f.write(line + '\n')
+  with _open_in(logdir, os.path.join(logdir, SCORES_FILE),
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT) as f:
+    f.write((line + '\n').encode())
 
 
 # --- checkpoints ------------------------------------------------------------------
@@ -408,7 +425,8 @@ def read_saved_config(ckpt: str):
   sp = saved['spaces']
   spaces = EnvSpaces(obs={k: tuple(v) for k, v in sp['obs'].items()},
                      act_dim=sp['act_dim'], discrete=sp['discrete'])
-  run = {'suite': 'dmc', **saved['run']}              # older runs: dmc
+  run = {'suite': 'dmc', 'image': False, 'proprio': True,   # older runs
+         **saved['run']}
   return make_config(**saved['config']), spaces, run
 
 
@@ -448,18 +466,45 @@ def read_learner_state(ckpt: str):
 # --- validation before anything is written ----------------------------------------
 
 
+def _file_in_the_way(path: str) -> Optional[str]:
+  """The first existing component of ``path`` that is not a directory (the
+  path itself, or a parent), or None."""
+  p = os.path.abspath(path)
+  while not os.path.lexists(p):
+    parent = os.path.dirname(p)
+    if parent == p:
+      return None
+    p = parent
+  return None if os.path.isdir(p) else p
+
+
 def check_logdir_writable(logdir: str) -> None:
-  """ValueError naming --logdir when it cannot be created or written."""
+  """ValueError naming --logdir when it cannot be created or written, or
+  when another user could write it (``private_files.check_run_folder``) or
+  has put a symbolic link where a log file goes (``check_not_link``): then
+  nothing is written to it."""
+  blocker = _file_in_the_way(logdir)
+  if blocker is not None:
+    where = ('is a file' if blocker == os.path.abspath(logdir) else
+             f'cannot be made: {blocker} is a file')
+    raise ValueError(f'--logdir {logdir!r} {where}, not a directory; give '
+                     'a directory (a new one is made), or move the file')
   try:
     os.makedirs(logdir, exist_ok=True)
   except OSError as e:
     raise ValueError(f'--logdir {logdir!r} cannot be created: {e}') from e
   if not os.path.isdir(logdir):
     raise ValueError(f'--logdir {logdir!r} is not a directory')
+  try:
+    check_run_folder(logdir)
+    for name in list(LOG_FILES.values()) + [FLAGS_FILE]:
+      check_not_link(os.path.join(logdir, name))
+  except UntrustedFileError as e:
+    raise UntrustedFileError(f'--logdir {logdir!r} is refused: {e}') from None
   probe = os.path.join(logdir, f'.write-test-{os.getpid()}')
   try:
-    with open(probe, 'w') as f:
-      f.write('ok')
+    with _open_in(logdir, probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL) as f:
+      f.write(b'ok')
     os.remove(probe)
   except OSError as e:
     raise ValueError(f'--logdir {logdir!r} is not writable: {e}') from e
@@ -547,8 +592,7 @@ def start_segment(run: RunConfig, state: Optional[Mapping[str, Any]]) -> None:
   """Once everything is restored and checked: cuts the log files back to the
   checkpoint (the tails move to ``*.discarded``) and writes flags.txt."""
   for key, name in LOG_FILES.items():
-    cut = cut_file(os.path.join(run.logdir, name),
-                   state['files'][key] if state else 0)
+    cut = cut_file(run.logdir, name, state['files'][key] if state else 0)
     if cut and run.verbose:
       log(f'[run] moved {cut} bytes of {name} written after the last '
           f'checkpoint to {name}.discarded')

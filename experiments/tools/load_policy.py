@@ -35,6 +35,7 @@ if __package__ in (None, ''):
       os.path.abspath(__file__)))))
 
 import agent  # noqa: F401,E402  (jax compat before acme)
+from agent.types import obs_array  # noqa: E402
 from experiments.run import rundir  # noqa: E402
 
 
@@ -92,12 +93,10 @@ class LoadedPolicy:
     for k in self.spaces.obs_keys:
       if k not in obs:
         raise ValueError(f'obs is missing key {k!r}; expected {list(self.spaces.obs_keys)}')
-      v = np.asarray(obs[k], np.float32)
-      want = (n,) + tuple(self.spaces.obs[k])
-      if v.shape != want:
-        raise ValueError(f'obs[{k!r}] has shape {v.shape}, expected {want} '
-                         f'(reset(num_envs={n}))')
-      inputs[k] = v
+      try:
+        inputs[k] = obs_array(self.spaces, k, obs[k], (n,))
+      except ValueError as e:
+        raise ValueError(f'{e} (reset(num_envs={n}))') from None
     if 'is_first' in obs:
       is_first = np.asarray(obs['is_first'], bool).reshape(n)
     else:

@@ -3,12 +3,15 @@
   python experiments/tools/report.py --logdir DIR [DIR ...] [--out PNG]
 
 Inputs
-  DIR/scores.jsonl: one JSON object per finished episode,
+  DIR/scores.jsonl: one JSON object per finished training episode,
     {"task": "walker_walk", "env_step": 123456, "score": 812.3, "seed": 0}
   env_step is agent steps x action repeat (spec 7.5 logger x-axis) and score is
   the episode return of the stochastic acting policy (spec 7.3, 7.7).
-  experiments.run.metrics.append_score() writes such lines. You can pass several logdirs. A run is
-  (logdir, seed), so two logdirs that both use seed 0 stay two runs.
+  experiments.run.rundir.append_score() writes such lines. You can pass
+  several logdirs. A run is (logdir, seed), so two logdirs that both use
+  seed 0 stay two runs. A run in which no training episode has ended yet
+  (shorter than one episode) is reported from its evaluation episodes,
+  DIR/eval/scores.jsonl (same lines), and the table says so.
 
 Anchors
   experiments/data/dmc_proprio-dreamerv3.json.gz holds the official 5-seed
@@ -17,10 +20,11 @@ Anchors
   'walker_walk'.
 
 Outputs
-  * A PNG with one panel per task: score vs env steps. It shows our per-run
-    curves and their mean (episodes averaged in 10K-env-step bins, each
-    episode put in the bin whose centre is nearest), and the official mean
-    with its min-max band over the 5 seeds.
+  * A PNG (default DIR/report.png, the file a run writes at its end) with one
+    panel per task: score vs env steps. It shows our per-run curves and their
+    mean (episodes averaged in bins of 1/25 of the run, at most 10K env
+    steps, the anchors' spacing; each episode in the bin whose centre is
+    nearest), and the official mean with its min-max band over the 5 seeds.
   * A markdown table, printed and returned by make_report(). Per task it
     gives our last-5 mean and the official mean at the nearest anchor step.
     Our last-5 mean is the mean over runs of each run's last 5 episodes. Its
@@ -49,13 +53,15 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 from experiments.run.config import log  # noqa: E402
 from experiments.run.rundir import (  # noqa: E402
-    REPORT_FILE, SCORES_FILE, normalize_task)
+    EVAL_DIR, REPORT_FILE, SCORES_FILE, normalize_task)
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'data')
 ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_proprio-dreamerv3.json.gz')
 LAST_N = 5          # "last-5 mean" of the table
-BINSIZE = 10_000    # env steps per curve bin (the anchor curves' bin width)
+BINSIZE = 10_000    # widest curve bin in env steps (the anchor curves' spacing)
+BINS_PER_RUN = 25   # a shorter run gets bins of 1/25 of its length
+EVAL_SCORES_FILE = os.path.join(EVAL_DIR, SCORES_FILE)
 _REQUIRED = ('task', 'env_step', 'score', 'seed')
 
 PathLike = Union[str, os.PathLike]
@@ -72,24 +78,80 @@ class Run:
   seed: int
   steps: np.ndarray
   scores: np.ndarray
+  source: str = 'train'   # 'eval': no training episode had ended (module doc)
 
   @property
   def label(self) -> str:
     return f'{os.path.basename(os.path.normpath(self.logdir)) or self.logdir} s{self.seed}'
 
 
-def _scores_path(logdir: PathLike) -> str:
+class NoEpisodeYet(ValueError):
+  """The run directory exists, but no episode of it has ended yet."""
+
+
+def _read_episodes(path: str) -> List[Tuple[str, float, float, int]]:
+  """(task, env_step, score, seed) of every line of a scores JSONL file;
+  ValueError naming the file and line for a malformed one."""
+  out = []
+  with open(path) as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f'{path}:{lineno}'
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{where}: not valid JSON ({e.msg})') from e
+      if not isinstance(rec, dict):
+        raise ValueError(f'{where}: expected a JSON object, got {type(rec).__name__}')
+      missing = [k for k in _REQUIRED if k not in rec]
+      if missing:
+        raise ValueError(f'{where}: missing field(s) {missing}; need {list(_REQUIRED)}')
+      try:
+        step, score, seed = float(rec['env_step']), float(rec['score']), int(rec['seed'])
+      except (TypeError, ValueError) as e:
+        raise ValueError(f'{where}: bad value ({e})') from e
+      if not (math.isfinite(step) and math.isfinite(score)):
+        raise ValueError(f'{where}: non-finite env_step or score: {rec}')
+      out.append((normalize_task(rec['task']), step, score, seed))
+  return out
+
+
+def episodes_of(logdir: PathLike) -> Tuple[List[Tuple[str, float, float, int]], str]:
+  """(episodes, source) a report of ``logdir`` plots: its training episodes
+  (``scores.jsonl``; a path to such a file is read as it is), or, while none
+  has ended, its evaluation episodes (``eval/scores.jsonl``, source 'eval').
+
+  FileNotFoundError when ``logdir`` does not exist; ``NoEpisodeYet`` when
+  neither file has an episode; ValueError for a malformed line."""
   logdir = os.fspath(logdir)
-  if os.path.isfile(logdir):  # accept the jsonl file itself
-    return logdir
-  return os.path.join(logdir, SCORES_FILE)
+  if os.path.isfile(logdir):                 # the jsonl file itself
+    rows = _read_episodes(logdir)
+    if not rows:
+      raise NoEpisodeYet(f'{logdir} holds no episode: a line is added when an '
+                         'episode ends, and none has ended yet')
+    return rows, 'train'
+  if not os.path.isdir(logdir):
+    raise FileNotFoundError(f'no run directory at {logdir} (a run writes '
+                            f'{SCORES_FILE} there, one line per episode)')
+  for name, source in ((SCORES_FILE, 'train'), (EVAL_SCORES_FILE, 'eval')):
+    path = os.path.join(logdir, name)
+    rows = _read_episodes(path) if os.path.exists(path) else []
+    if rows:
+      return rows, source
+  raise NoEpisodeYet(
+      f'no episode has ended yet in {logdir}: {SCORES_FILE} gets a line when '
+      f'a training episode ends and {EVAL_SCORES_FILE} when an evaluation '
+      'episode does, and neither has one (the run stopped before its first '
+      'episode and first evaluation ended; train longer, or wait)')
 
 
 def load_scores(logdirs: Union[PathLike, Sequence[PathLike]]) -> Dict[str, List[Run]]:
-  """Read scores.jsonl of each logdir -> {task: [Run, ...]}.
+  """Each logdir's episodes (``episodes_of``) -> {task: [Run, ...]}.
 
-  Raises FileNotFoundError for a missing scores file, and ValueError for a
-  malformed line (its file and line number are named) or no episodes.
+  Raises FileNotFoundError for a missing run directory, ``NoEpisodeYet``
+  (a ValueError) when one has no episode yet, and ValueError for a
+  malformed line (its file and line number are named).
   """
   if isinstance(logdirs, (str, os.PathLike)):
     logdirs = [logdirs]
@@ -97,38 +159,14 @@ def load_scores(logdirs: Union[PathLike, Sequence[PathLike]]) -> Dict[str, List[
     raise ValueError('no logdir given')
   buckets = collections.defaultdict(list)
   for logdir in logdirs:
-    path = _scores_path(logdir)
-    if not os.path.exists(path):
-      raise FileNotFoundError(f'no episode scores at {path} (expected a JSONL file '
-                              f'with lines {{"task", "env_step", "score", "seed"}})')
-    with open(path) as f:
-      for lineno, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        where = f'{path}:{lineno}'
-        try:
-          rec = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f'{where}: not valid JSON ({e.msg})') from e
-        if not isinstance(rec, dict):
-          raise ValueError(f'{where}: expected a JSON object, got {type(rec).__name__}')
-        missing = [k for k in _REQUIRED if k not in rec]
-        if missing:
-          raise ValueError(f'{where}: missing field(s) {missing}; need {list(_REQUIRED)}')
-        try:
-          step, score, seed = float(rec['env_step']), float(rec['score']), int(rec['seed'])
-        except (TypeError, ValueError) as e:
-          raise ValueError(f'{where}: bad value ({e})') from e
-        if not (math.isfinite(step) and math.isfinite(score)):
-          raise ValueError(f'{where}: non-finite env_step or score: {rec}')
-        buckets[(normalize_task(rec['task']), os.fspath(logdir), seed)].append((step, score))
-  if not buckets:
-    raise ValueError(f'no episode scores in {[os.fspath(d) for d in logdirs]}')
+    rows, source = episodes_of(logdir)
+    for task, step, score, seed in rows:
+      buckets[(task, os.fspath(logdir), seed, source)].append((step, score))
   runs = collections.defaultdict(list)
-  for (task, logdir, seed), rows in sorted(buckets.items()):
+  for (task, logdir, seed, source), rows in sorted(buckets.items()):
     rows.sort(key=lambda r: r[0])  # stable: same-step episodes keep file order
     arr = np.asarray(rows, np.float64)
-    runs[task].append(Run(task, logdir, seed, arr[:, 0], arr[:, 1]))
+    runs[task].append(Run(task, logdir, seed, arr[:, 0], arr[:, 1], source))
   return dict(runs)
 
 
@@ -219,6 +257,37 @@ def _kstep(x: float) -> str:
   return f'{x / 1e3:.0f}K' if x >= 1e3 else f'{x:.0f}'
 
 
+def step_labels(values: Sequence[float]) -> List[str]:
+  """Tick labels of an env-step axis, distinct at every budget: plain
+  numbers below 10K, then K or M with the fewest decimals that write every
+  tick exactly (ticks 500 apart on a 3K run read 0, 500, 1,000, ..., not 0,
+  0K, 1K, 1K, 2K; 2,500 on a 10K run is 2.5K, not 2K)."""
+  vals = [float(v) for v in values]
+  top = max((abs(v) for v in vals), default=0.0)
+  scale, unit = ((1e6, 'M') if top >= 1e6 else
+                 (1e3, 'K') if top >= 1e4 else (1.0, ''))
+  decimals = 0                 # the fewest that write every tick exactly
+  while decimals < 3 and any(
+      abs(round(v / scale, decimals) - v / scale) > 1e-9 * max(1.0, top / scale)
+      for v in vals):
+    decimals += 1
+  return ['0' if v == 0 else f'{v / scale:,.{decimals}f}{unit}' for v in vals]
+
+
+def _step_formatter():
+  from matplotlib.ticker import Formatter
+
+  class StepFormatter(Formatter):
+    """``step_labels`` over the axis' ticks."""
+
+    def format_ticks(self, values):
+      return step_labels(values)
+
+    def __call__(self, x, pos=None):
+      return step_labels([x])[0]
+  return StepFormatter()
+
+
 def format_table(rows: Sequence[Row], last_n: int = LAST_N) -> str:
   """Markdown table: task, our last-N mean at the last step, official mean there."""
   lines = [
@@ -253,18 +322,17 @@ def panel_scale(runs: Sequence[Run], anchor: Optional[Anchor],
                 binsize: float = BINSIZE, xmax: Optional[float] = None):
   """(bin size, (x left, x right), (y low, y high)) of one task's panel.
 
-  With official curves (the DMC-proprio tasks): the anchors' 10K bins and a
-  y-axis from 0 (or below) to 1,000 (or above), the benchmark's scale.
-  Without (gym, gymnasium, your own task): bins of about 1/25 of the run
-  (never wider than ``binsize``) so a short run shows a curve, and a y-axis
-  that fits the scores (a run whose scores sit at -500 is not drawn on a
-  0..1,000 axis)."""
+  Bins of 1/25 of the run, never wider than ``binsize`` (the anchors' 10K),
+  so a short run shows a curve (a 15K-step run: 600-step bins, not two
+  points). With official curves (the DMC-proprio tasks): a y-axis from 0
+  (or below) to 1,000 (or above), the benchmark's scale. Without (gym,
+  gymnasium, your own task): a y-axis that fits the scores (a run whose
+  scores sit at -500 is not drawn on a 0..1,000 axis)."""
   our_max = max(float(r.steps[-1]) for r in runs)
   lo = min(float(r.scores.min()) for r in runs)
   hi = max(float(r.scores.max()) for r in runs)
-  if anchor is None:
-    binsize = min(binsize, max(1.0, our_max / 25))
-  else:
+  binsize = min(binsize, max(1.0, our_max / BINS_PER_RUN))
+  if anchor is not None:
     lo, hi = min(0.0, lo), max(1000.0, hi)
   if hi - lo < 1e-9:                      # flat scores: a unit-wide band
     lo, hi = lo - 0.5, hi + 0.5
@@ -273,14 +341,14 @@ def panel_scale(runs: Sequence[Run], anchor: Optional[Anchor],
   return binsize, (0.0, right), (lo - pad, hi + pad)
 
 
-def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
-         out_png: PathLike, binsize: float = BINSIZE,
-         xmax: Optional[float] = None, ncols: int = 4) -> None:
-  """One panel per task: our runs and their mean, official mean and min-max band."""
+def figure(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
+           binsize: float = BINSIZE, xmax: Optional[float] = None,
+           ncols: int = 4):
+  """The report's matplotlib figure: one panel per task, our runs and their
+  mean, the official mean and min-max band."""
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  from matplotlib.ticker import FuncFormatter
 
   tasks = sorted(runs_by_task)
   ncols = max(1, min(ncols, len(tasks)))
@@ -312,10 +380,13 @@ def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
     (handles['ours'],) = ax.plot(mx, my, color='tab:blue', lw=2.2,
                                  marker='o' if len(mx) < 8 else None, ms=4,
                                  label='ours, mean')
-    ax.set_title(f'{task}  ({len(runs)} run{"s" if len(runs) > 1 else ""})', fontsize=10)
+    source = (', evaluation episodes' if all(r.source == 'eval' for r in runs)
+              else '')
+    ax.set_title(f'{task}  ({len(runs)} run{"s" if len(runs) > 1 else ""}'
+                 f'{source})', fontsize=10)
     ax.set_xlim(0, right)
     ax.set_ylim(*ylim)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _kstep(x)))
+    ax.xaxis.set_major_formatter(_step_formatter())
     ax.grid(alpha=0.3, lw=0.5)
     ax.tick_params(labelsize=8)
   for i, ax in enumerate(axes.flat):
@@ -331,6 +402,15 @@ def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
   fig.legend(order, [h.get_label() for h in order], loc='upper center',
              ncol=legend_cols, fontsize=9, frameon=False)
   fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 * legend_rows / (3.2 * nrows)))
+  return fig
+
+
+def plot(runs_by_task: Dict[str, List[Run]], anchors: Dict[str, Anchor],
+         out_png: PathLike, binsize: float = BINSIZE,
+         xmax: Optional[float] = None, ncols: int = 4) -> None:
+  """Writes ``figure(...)`` to ``out_png``."""
+  import matplotlib.pyplot as plt
+  fig = figure(runs_by_task, anchors, binsize, xmax, ncols)
   out_dir = os.path.dirname(os.path.abspath(out_png))
   os.makedirs(out_dir, exist_ok=True)
   fig.savefig(out_png, dpi=110)
@@ -352,12 +432,18 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   anchors = load_anchors(anchors_path)
   plot(runs_by_task, anchors, out_png, binsize=binsize, xmax=xmax)
   table = format_table(summarize(runs_by_task, anchors, last_n), last_n)
+  from_eval = sorted({r.logdir for runs in runs_by_task.values()
+                      for r in runs if r.source == 'eval'})
+  if from_eval:
+    table += (f'\n\nNo training episode has ended yet in {", ".join(from_eval)}: '
+              f'its rows are its evaluation episodes ({EVAL_SCORES_FILE}).')
   return table + watch_links(logdirs)
 
 
 def write_run_report(logdir: PathLike) -> Optional[str]:
   """The end-of-run report of either layout: ``<logdir>/report.png`` and the
-  table, logged; None (logged why) when the run has no episodes yet."""
+  table, logged; from the evaluation episodes while no training episode has
+  ended; None (logged why) when no episode of either kind has."""
   out = os.path.join(os.fspath(logdir), REPORT_FILE)
   try:
     table = make_report(logdir, out)
@@ -393,10 +479,11 @@ def main(argv=None) -> int:
   parser.add_argument('--logdir', nargs='+', action='extend', required=True,
                       help='run directories holding scores.jsonl (several allowed)')
   parser.add_argument('--out', default=None,
-                      help='PNG path (default: <first logdir>/scores.png)')
+                      help=f'PNG path (default: <first logdir>/{REPORT_FILE})')
   parser.add_argument('--anchors', default=ANCHOR_FILE, help='official curves file')
   parser.add_argument('--binsize', type=float, default=BINSIZE,
-                      help='env steps per curve bin (default 10000)')
+                      help='widest curve bin in env steps (default 10000; '
+                      'a run shorter than 250K gets bins of 1/25 of it)')
   parser.add_argument('--xmax', type=float, default=None,
                       help='x-axis limit in env steps (default: our last step)')
   parser.add_argument('--last', type=int, default=LAST_N,
@@ -406,7 +493,7 @@ def main(argv=None) -> int:
   if out is None:
     first = args.logdir[0]
     out = os.path.join(first if os.path.isdir(first) else os.path.dirname(first) or '.',
-                       'scores.png')
+                       REPORT_FILE)
   try:
     table = make_report(args.logdir, out, args.anchors, args.binsize, args.xmax,
                         args.last)

@@ -14,8 +14,11 @@ finds and links them):
   open-loop prediction on the first recorded episode, as the official code's
   report does: the posterior filters ``--context`` (5) real steps, then the
   prior imagines ``--horizon`` (45) steps under the recorded actions, with no
-  observation. Every observation dimension, the reward and the continuation
-  probability are plotted, prediction against reality. Imagined latents take
+  observation. Every vector observation dimension, the reward and the
+  continuation probability are plotted, prediction against reality; each
+  image key gets ``openloop_<key>.gif`` beside it: truth, prediction and
+  error side by side per step (green border: context, red: imagined), as
+  the official report draws it. Imagined latents take
   the prior's most likely class (a deterministic rollout).
 
 Rendering: dm_control through MuJoCo's EGL backend (``MUJOCO_GL=egl``, Mesa's
@@ -38,6 +41,11 @@ if os.environ.get('MUJOCO_GL', 'disable') in ('', 'disable'):
   os.environ['MUJOCO_GL'] = 'egl'
 os.environ.setdefault('SDL_VIDEODRIVER', 'dummy')  # pygame (gym) off-screen
 os.environ.setdefault('SDL_AUDIODRIVER', 'dummy')
+# imageio-ffmpeg starts ffmpeg with preexec_fn=os.setpgrp (so Ctrl-C does not
+# reach it); a preexec_fn runs Python's fork hooks, and jax's warns that
+# os.fork() "will likely lead to a deadlock". Its documented switch starts
+# ffmpeg without one (a Ctrl-C then stops ffmpeg too, as it stops this).
+os.environ.setdefault('IMAGEIO_FFMPEG_NO_PREVENT_SIGINT', '1')
 
 import numpy as np
 from absl import app, flags
@@ -66,13 +74,15 @@ class RenderError(RuntimeError):
 
 
 def make_render_env(suite: str, task: str, action_repeat: int, seed: int,
-                    time_limit: Optional[float] = None):
-  """One ``ProtocolEnv`` of the run's task that can render frames."""
+                    time_limit: Optional[float] = None, image: bool = False,
+                    proprio: bool = True):
+  """One ``ProtocolEnv`` of the run's task that can render frames (with the
+  run's own observations: dm_control's ``image`` / ``proprio``)."""
   if suite == 'custom':
     raise RenderError('this run trained on a custom env factory; record it from '
                       'Python with watch.record(policy, env, ...)')
   return suites.make_env(suite, task, action_repeat, seed, time_limit=time_limit,
-                         render=True)
+                         render=True, image=image, proprio=proprio)
 
 
 def render_frame(env, height: int = 240, width: int = 320) -> np.ndarray:
@@ -193,7 +203,8 @@ def open_loop(params, spaces, config, episode, context: int = 5,
   reconstructions); then the prior imagines steps context..context+horizon-1
   under the recorded actions (spec 2.8), each latent its prior's most likely
   class. Returns {'obs': {key: [L, ...]}, 'reward': [L], 'cont': [L]} in the
-  env's units (decoder outputs symexp'd, spec 2.11) for L = the steps used.
+  env's units (vector outputs symexp'd, spec 2.11; images in [0, 1], 2.10)
+  for L = the steps used.
   """
   import jax
   import jax.numpy as jnp
@@ -208,7 +219,7 @@ def open_loop(params, spaces, config, episode, context: int = 5,
                      f'open-loop plot needs more than --context={context}')
   nets = nets_lib.make_networks(spaces, c)
   W = nets.weights(params)
-  obs = {k: jnp.asarray(v[None, :context], jnp.float32)
+  obs = {k: jnp.asarray(v[None, :context], spaces.obs_dtype(k))
          for k, v in episode['obs'].items()}
   act = jnp.asarray(episode['action'][:L], jnp.float32)
   prevact = jnp.concatenate([jnp.zeros_like(act[:1]), act[:-1]])      # a_{t-1}
@@ -233,7 +244,9 @@ def open_loop(params, spaces, config, episode, context: int = 5,
   stoch = jnp.concatenate(stochs)
   recon = nets.decode(W, deter, stoch)
   feat = nets_lib.feat(deter, stoch)
-  return {'obs': {k: np.asarray(dists.symexp(v)) for k, v in recon.items()},
+  # Vector keys are predicted in symlog space (2.11), images in [0, 1] (2.10).
+  return {'obs': {k: np.asarray(v if k in spaces.image_keys else dists.symexp(v))
+                  for k, v in recon.items()},
           'reward': np.asarray(dists.twohot_pred(nets.reward_logits(W, feat))),
           'cont': np.asarray(dists.binary_prob(nets.cont_logit(W, feat)))}
 
@@ -246,7 +259,7 @@ def plot_open_loop(path: str, episode, pred, context: int, title: str = '') -> N
   import matplotlib.pyplot as plt
   L = len(pred['reward'])
   panels = [(f'{k}', episode['obs'][k][:L].reshape(L, -1), v.reshape(L, -1))
-            for k, v in sorted(pred['obs'].items())]
+            for k, v in sorted(pred['obs'].items()) if v.ndim != 4]
   panels.append(('reward', episode['reward'][:L, None], pred['reward'][:, None]))
   panels.append(('continuation', 1.0 - episode['is_terminal'][:L, None].astype(float),
                  pred['cont'][:, None]))
@@ -276,6 +289,36 @@ def plot_open_loop(path: str, episode, pred, context: int, title: str = '') -> N
   os.replace(tmp, path)
 
 
+def open_loop_frames(episode, pred, context: int, key: str,
+                     scale: int = 3) -> List[np.ndarray]:
+  """Frames of an image key's open loop, as the official report draws it:
+  truth | prediction | error side by side, error = (pred - true + 255) / 2,
+  a green border on the context steps and a red one on the imagined ones;
+  enlarged ``scale`` times (nearest)."""
+  L = len(pred['reward'])
+  true = np.asarray(episode['obs'][key][:L], np.uint8)
+  guess = np.clip(np.asarray(pred['obs'][key]) * 255, 0, 255).astype(np.uint8)
+  error = ((guess.astype(np.int32) - true + 255) // 2).astype(np.uint8)
+  frames = []
+  for t in range(L):
+    row = np.concatenate([true[t], guess[t], error[t]], 1)
+    if row.shape[-1] == 1:
+      row = np.repeat(row, 3, -1)
+    row = row[..., :3]
+    color = (0, 200, 0) if t < context else (220, 0, 0)
+    framed = np.empty((row.shape[0] + 4, row.shape[1] + 4, 3), np.uint8)
+    framed[:] = color
+    framed[2:-2, 2:-2] = row
+    frames.append(framed.repeat(scale, 0).repeat(scale, 1))
+  return frames
+
+
+def open_loop_video_path(openloop: str, key: str, ext: str = '.gif') -> str:
+  """Beside openloop.png: openloop_<key>.gif."""
+  root, _ = os.path.splitext(openloop)
+  return f'{root}_{key}{ext}'
+
+
 # --- command line -----------------------------------------------------------------------
 
 
@@ -292,7 +335,9 @@ def watch(logdir: str, out: Optional[str] = None, openloop: Optional[str] = None
   policy = load_policy(logdir, mode=policy_mode, seed=seed)
   saved_run = rundir.read_saved_config(policy.checkpoint)[2]
   env = make_render_env(policy.suite, policy.task, policy.action_repeat or 1,
-                        seed=10_000 + seed, time_limit=saved_run.get('time_limit'))
+                        seed=10_000 + seed, time_limit=saved_run.get('time_limit'),
+                        image=saved_run.get('image', False),
+                        proprio=saved_run.get('proprio', True))
   try:
     env.reset()
     render_frame(env, height, width)          # fail early, before any file
@@ -310,6 +355,13 @@ def watch(logdir: str, out: Optional[str] = None, openloop: Optional[str] = None
                    title=f'{policy.task} @ {policy.env_steps} env steps:')
     log(f'[watch] wrote {openloop}')
     result['openloop'] = openloop
+    for key in policy.spaces.image_keys:
+      path = open_loop_video_path(openloop, key)
+      write_video(path, open_loop_frames(records[0], pred, context, key),
+                  fps=max(1, fps // 3))
+      log(f'[watch] wrote {path} (truth | prediction | error; green context, '
+          'red imagined)')
+      result[f'openloop_{key}'] = path
   return result
 
 

@@ -67,8 +67,9 @@ def _last_train_row(path: str) -> Optional[Dict[str, Any]]:
 
 
 def launcher_progress_line(row: Optional[Dict[str, Any]], target: int,
-                           wall: float) -> str:
-  """The launcher's progress line, from the newest train row."""
+                           wall: float, eta: Optional[metrics.Eta] = None) -> str:
+  """The launcher's progress line, from the newest train row; ``eta`` (marked
+  here with the row) gives the time left at the recent rate."""
   if not row:
     return f'[run] 0/{target} env steps (starting: replay fill / compilation)'
 
@@ -81,9 +82,15 @@ def launcher_progress_line(row: Optional[Dict[str, Any]], target: int,
            f'{fmt("learner/idle_frac", ".0%")} | param lag '
            f'{fmt("actor/param_lag_updates_mean")} updates')
   score = row.get('episode/recent_score_mean')
+  left = None
+  if eta is not None:
+    eta.mark(row.get('wall_time', wall), row['env_step'],
+             training=row['updates'] > 0)
+    left = eta.seconds_left(row['env_step'], target)
   return metrics.progress_line(row['env_step'], target, row['updates'],
                               row.get('fps/env_steps_per_s') or 0.0, wall,
-                              [] if score is None else [score], extra)
+                              [] if score is None else [score], extra,
+                              eta=left)
 
 
 def prepare(experiment: DreamerExperiment, dist: DistributedConfig,
@@ -325,11 +332,12 @@ def _launch(settings: ProgramSettings) -> Dict[str, Any]:
   waiter = threading.Thread(target=wait, name='lp-wait', daemon=True)
   waiter.start()
   metrics_path = os.path.join(run.logdir, rundir.METRICS_FILE)
+  eta = metrics.Eta()
   while waiter.is_alive():
     waiter.join(run.progress_every)
     if waiter.is_alive() and run.verbose:
       log(launcher_progress_line(_last_train_row(metrics_path),
-                                 run.env_steps, time.time() - t0))
+                                 run.env_steps, time.time() - t0, eta))
   leftovers = []
   for proc in psutil.Process().children(recursive=True):
     try:

@@ -377,7 +377,8 @@ def local_resources(settings: ProgramSettings, init_file: str,
 
   Only the learner may use an accelerator; every other node runs jax on CPU.
   """
-  base = {'PYTHONUNBUFFERED': '1', 'MUJOCO_GL': 'disable',
+  base = {'PYTHONUNBUFFERED': '1',
+          'MUJOCO_GL': 'egl' if settings.run.image else 'disable',
           'TF_CPP_MIN_LOG_LEVEL': '1'}
   out = {}
   for group in groups:

@@ -11,8 +11,8 @@ file is private (``private_files``) and its tag verifies. The run directory
 must be shared at the same path (the peer reads the settings and, on resume,
 the checkpoint); a restarted program needs its remote peers started again.
 The learner processes talk over jax.distributed, gloo and Reverb, which
-have no authentication: they assume a trusted cluster network (README
-"Security").
+have no authentication: they assume a trusted cluster network
+(docs/security.md).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class DistributedConfig:
     machine's first non-loopback IPv4 address). Reverb and courier servers
     listen on every interface whatever this says (their servers take a port
     only): inside the sealed program's own network (``isolation``), or in
-    this host's when it is not sealed.
+    this host's when it is not sealed (docs/security.md).
   join_lease_s: a remote actor's claim ends after this long without a
     message while it is not waiting on the replay (it hangs), ``--join_lease``;
     a claim whose connection ends is freed at once.

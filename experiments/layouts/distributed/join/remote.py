@@ -329,6 +329,8 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
       loop.run()
     except BaseException as e:  # noqa: BLE001  (reported below)
       failure['error'] = e
+    finally:
+      env.close()     # here: a renderer's GL context is this thread's
     stop.set()
 
   t0 = time.time()
@@ -350,7 +352,6 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
     except (OSError, ValueError) as e:
       log(f'[join] could not say goodbye to the program: {e}')
   conn.close()
-  env.close()
   wall = time.time() - t0
   log(f'[join] left ({why}): {stats.get("env_steps", 0):.0f} env steps, '
       f'{stats.get("episodes", 0):.0f} episodes, {stats.get("items", 0):.0f} '

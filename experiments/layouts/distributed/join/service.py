@@ -49,8 +49,8 @@ raw arrays:
                                   flushed
 
 Every step is checked before it is stored, against the run's step spec:
-keys, shapes, dtypes, finite values, latent classes, step ids equal to the
-claim's next ones (so inside its range and increasing; ``WindowAdder``,
+keys, shapes, dtypes, finite and plausible values, latent classes, step
+ids equal to the claim's next ones (so inside its range and increasing; ``WindowAdder``,
 ``reverb_tables.step_checks``), the env protocol (``EpisodeTracker``) and
 the claim's episode rate (``slots.EPISODE_RATE``). A refused message is
 logged, counted (``join/refused``) and answered with its reason; its claim
@@ -58,7 +58,8 @@ ends and the connection closes. Nothing already stored changes, and the
 run goes on with its replay ratio held (the limiter counts inserts).
 
 The service, not the remote actor, counts the claim's env steps, episodes
-and scores (from the steps it stored): they go into the program's counter
+and scores (from the steps it stored: an episode whose last step is
+refused writes no score): they go into the program's counter
 and budget, ``scores.jsonl`` and the train rows (``row()``, called by the
 learner: ``join/*``, recent scores).
 
