@@ -239,8 +239,14 @@ class ListenerBroker:
         except OSError:
           pass
 
-  def fds(self) -> Tuple[int, ...]:
-    return (self.listener.fileno(), self._server.fileno())
+  def drop_in_child(self) -> None:
+    """In the forked child: closes its copies of the two sockets (detached
+    first, so no socket object closes the numbers again later)."""
+    for s in (self._server, self.listener):
+      try:
+        os.close(s.detach())
+      except OSError:
+        pass
 
   def close(self) -> None:
     for s in (self._server, self.listener):
@@ -266,14 +272,6 @@ def receive_listener(path: str) -> Tuple[socket.socket, str]:
 # --- the sealed child ------------------------------------------------------------------
 
 
-def _closing_fds(fds) -> None:
-  for fd in fds:
-    try:
-      os.close(fd)
-    except OSError:
-      pass
-
-
 def run_sealed(body: Callable[[], Dict[str, Any]],
                broker: Optional[ListenerBroker] = None) -> Dict[str, Any]:
   """Runs ``body()`` (the program's launch and restarts) in a forked child
@@ -293,7 +291,7 @@ def run_sealed(body: Callable[[], Dict[str, Any]],
     try:
       try:
         if broker is not None:
-          _closing_fds(broker.fds())
+          broker.drop_in_child()
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0,
                                 0)
         enter_private_network()
