@@ -273,7 +273,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        '--remote_learner_processes, from its run directory '
                        '(--logdir, shared at the same path); --bind: the '
                        'address of this host the others reach. Default '
-                       '$JAX_PROCESS_ID when it is >= 1.', **F)
+                       '$JAX_PROCESS_ID when it is >= 1. Assumes a trusted '
+                       'network: its gloo listener is not sealed and, like '
+                       'the program\'s coordination service and Reverb, '
+                       'authenticates nobody.', **F)
   flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
                        'for remote actors that join the running program '
                        '(--join); 0: none can join.', **F)
