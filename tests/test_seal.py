@@ -375,3 +375,26 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
   last = _rows(logdir)[-1]
   assert last['env_step'] >= 6000 and last['join/env_steps'] > 0
   assert last['env_step'] < 10**6          # no forged count got in
+
+
+def _netns_summary():
+  """What a sealed child reports about itself (picklable by reference)."""
+  return {'netns': os.readlink('/proc/self/ns/net'), 'inside': seal.inside(),
+          'interfaces': [n for _, n in socket.if_nameindex()]}
+
+
+def _fails():
+  raise ValueError('a bad flag, found in the child')
+
+
+@needs_seal
+@pytest.mark.parametrize('fresh', [False, True])
+def test_the_sealed_child_returns_its_summary_or_its_error(fresh):
+  """A fork, or a new interpreter (what a process that already runs jax
+  gets): the body runs in its own network with only lo; its summary comes
+  back, and a ValueError comes back as one."""
+  out = seal.run_sealed(_netns_summary, fresh=fresh)
+  assert out['netns'] != os.readlink('/proc/self/ns/net')
+  assert out['inside'] and out['interfaces'] == ['lo']
+  with pytest.raises(ValueError, match='found in the child'):
+    seal.run_sealed(_fails, fresh=fresh)

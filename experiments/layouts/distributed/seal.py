@@ -24,7 +24,12 @@ the default) runs its Launchpad program in a private network namespace:
   starts (Launchpad's node processes, restarts included) inherits the
   namespace; their listeners exist only on its ``lo``. The fork, not a new
   interpreter, keeps the launcher's imports: sealing costs a fork and an
-  ``unshare``, nothing per step.
+  ``unshare``, nothing per step. Where jax has already made its threads in
+  the launcher (a ``train(..., distributed=True)`` caller that computed
+  before), a fork could deadlock on their locks, so the child (and the
+  probe) is a new interpreter that enters the namespace before it imports
+  anything, then unpickles its work (cloudpickle, as Launchpad ships
+  nodes).
 * **The join port.** A socket belongs to the namespace it was made in, so
   the launcher binds the join service's TCP listener in the host network
   before anything is sealed and hands the listening socket to the join node
@@ -151,9 +156,21 @@ def enter_private_network() -> None:
     raise OSError(e.errno, f'bringing lo up: {e.strerror}') from None
 
 
+def _fresh_env() -> Dict[str, str]:
+  """The environment of a new interpreter that imports what this one does."""
+  return {**os.environ, 'PYTHONPATH': os.pathsep.join(p for p in sys.path
+                                                      if p)}
+
+
 def _probe() -> str:
   """'' when this process may seal a child, else why not (a throw-away
-  fork tries it)."""
+  fork tries it; a new interpreter where jax's threads exist here)."""
+  if _jax_running():
+    import subprocess
+    out = subprocess.run([sys.executable, '-m', __spec__.name, '--probe'],
+                         capture_output=True, text=True, env=_fresh_env())
+    return '' if out.returncode == 0 else (
+        out.stderr.strip().splitlines() or [f'status {out.returncode}'])[-1]
   read, write = os.pipe()
   pid = os.fork()
   if pid == 0:                    # the probe: nothing but the syscalls
@@ -272,56 +289,92 @@ def receive_listener(path: str) -> Tuple[socket.socket, str]:
 # --- the sealed child ------------------------------------------------------------------
 
 
+def _child(body: Callable[[], Dict[str, Any]], result: str) -> int:
+  """The sealed child's work: into the namespace, ``body()``, its summary
+  or error as JSON in ``result``; returns the exit code."""
+  global _inside
+  code = 1
+  try:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    enter_private_network()
+    _inside = True
+    out = {'summary': body()}
+    code = 0
+  except BaseException as e:  # noqa: BLE001  (sent to the launcher)
+    out = {'error': type(e).__name__, 'message': str(e),
+           'traceback': traceback.format_exc()}
+  with open(result, 'w') as f:
+    json.dump(out, f, default=str)
+  for stream in (sys.stdout, sys.stderr):   # os._exit does not flush
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
+  return code
+
+
+def _jax_running() -> bool:
+  """Whether jax has made its backends in this process (its threads exist:
+  a fork of it could deadlock on their locks)."""
+  bridge = sys.modules.get('jax._src.xla_bridge')
+  return bool(getattr(bridge, '_backends', None))
+
+
 def run_sealed(body: Callable[[], Dict[str, Any]],
-               broker: Optional[ListenerBroker] = None) -> Dict[str, Any]:
-  """Runs ``body()`` (the program's launch and restarts) in a forked child
-  inside a private network namespace; returns its summary. The child's
-  error comes back as the same class for ValueError and RuntimeError (what
-  callers of ``launch.run`` catch), else as RuntimeError.
+               broker: Optional[ListenerBroker] = None,
+               fresh: Optional[bool] = None) -> Dict[str, Any]:
+  """Runs ``body()`` (the program's launch and restarts) in a child inside
+  a private network namespace; returns its summary. The child's error comes
+  back as the same class for ValueError and RuntimeError (what callers of
+  ``launch.run`` catch), else as RuntimeError.
+
+  The child is a fork of this process (its imports kept), or, when jax has
+  already made its threads here (``fresh`` None: ``_jax_running``; a
+  Python API caller that trained before), a new interpreter that unpickles
+  ``body`` (cloudpickle, as Launchpad ships its nodes).
 
   Signals: the child shares this process group, so Ctrl-C (and a SIGINT to
   the group) reaches it and its nodes directly, as it did before sealing;
   this process only passes a SIGTERM sent to it on to the child."""
   result_fd, tmp = tempfile.mkstemp(prefix='dreamer-sealed-', suffix='.json')
   os.close(result_fd)
-  pid = os.fork()
-  if pid == 0:
-    global _inside
-    code = 1
-    try:
+  if fresh is None:
+    fresh = _jax_running()
+  proc = None
+  if fresh:
+    import cloudpickle
+    import subprocess
+    folder = tempfile.mkdtemp(prefix='dreamer-sealed-')    # mode 0700
+    job = os.path.join(folder, 'body.pkl')
+    with open(job, 'wb') as f:
+      cloudpickle.dump(body, f)
+    proc = subprocess.Popen([sys.executable, '-m', __spec__.name, job, tmp],
+                            env=_fresh_env())
+    pid = proc.pid
+  else:
+    pid = os.fork()
+    if pid == 0:
+      code = 1
       try:
         if broker is not None:
           broker.drop_in_child()
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0,
-                                0)
-        enter_private_network()
-        _inside = True
-        out = {'summary': body()}
-        code = 0
-      except BaseException as e:  # noqa: BLE001  (sent to the launcher)
-        out = {'error': type(e).__name__, 'message': str(e),
-               'traceback': traceback.format_exc()}
-      with open(tmp, 'w') as f:
-        json.dump(out, f, default=str)
-    finally:
-      for stream in (sys.stdout, sys.stderr):   # os._exit does not flush
-        try:
-          stream.flush()
-        except (OSError, ValueError):
-          pass
-      os._exit(code)
+        code = _child(body, tmp)
+      finally:
+        os._exit(code)
   old = {}
   if threading.current_thread() is threading.main_thread():
     old = {signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: None),
            signal.SIGTERM: signal.signal(
                signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))}
   try:
-    _, status = os.waitpid(pid, 0)
+    status = proc.wait() if proc is not None else os.waitpid(pid, 0)[1]
   finally:
     for sig, handler in old.items():
       signal.signal(sig, handler)
     if broker is not None:
       broker.close()
+    if proc is not None:
+      shutil.rmtree(folder, ignore_errors=True)
   try:
     with open(tmp) as f:
       out = json.load(f)
@@ -339,3 +392,29 @@ def run_sealed(body: Callable[[], Dict[str, Any]],
     message = f'{out["error"]}: {message}\n{out.get("traceback", "")}'
   raise kind(message)
 
+
+def _main(argv) -> int:
+  """``python -m experiments.layouts.distributed.seal BODY.pkl RESULT.json``:
+  the fresh-interpreter child of ``run_sealed`` (``--probe``: ``_probe``'s). It enters the namespace
+  before it unpickles (and so imports) anything: an unprivileged
+  ``unshare(CLONE_NEWUSER)`` needs a single-threaded process."""
+  import importlib
+  module = importlib.import_module(  # this file as itself, not __main__
+      'experiments.layouts.distributed.seal')
+  if argv[1:] == ['--probe']:
+    try:
+      module.enter_private_network()
+    except OSError as e:
+      print(e, file=sys.stderr)
+      return 1
+    return 0
+
+  def body():
+    import cloudpickle
+    with open(argv[1], 'rb') as f:
+      return cloudpickle.load(f)()
+  return module._child(body, argv[2])  # noqa: SLF001
+
+
+if __name__ == '__main__':
+  sys.exit(_main(sys.argv))
