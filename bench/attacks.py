@@ -9,10 +9,15 @@ and, with no secret: connects to the join service with a wrong secret and
 with a pickle whose ``__reduce__`` writes a marker file; with the secret:
 forges a claim token, sends a NaN step and an oversized frame; then,
 bypassing the service, writes malformed and NaN items to the Reverb port
-directly and sends the same pickle to every courier port of the program
+directly, calls ``increment`` on the counter and ``stop_joiners`` on the
+join node, and sends the same pickle to every courier port of the program
 (Launchpad's servers, which listen on every interface and unpickle what
-they receive: docs/security.md). The program must still reach its step
-budget; the learner's rows say what it dropped.
+they receive: docs/security.md), all from this host's network; a sealed
+program's node ports are read inside its namespace. The program must
+still reach its step budget; the learner's rows say what it dropped.
+
+  python bench/attacks.py --tag=_sealed                 # sealed (default)
+  python bench/attacks.py --tag=_off --isolation=off    # as before sealing
 """
 
 import argparse
@@ -46,9 +51,14 @@ class Evil:
     return (os.system, (f'echo $PPID >> {self.marker}',))
 
 
-def listeners(pids):
-  """{port: pid} of the TCP listeners of ``pids`` (ss -ltnp)."""
-  out = subprocess.run(['ss', '-ltnp'], capture_output=True, text=True).stdout
+def listeners(pids, netns_of=None):
+  """{port: pid} of the TCP listeners of ``pids`` (ss -ltnp), in this
+  network namespace or in that of process ``netns_of`` (a sealed program's
+  nodes listen only in their own: experiments/layouts/distributed/seal.py)."""
+  cmd = ['ss', '-ltnp']
+  if netns_of is not None:
+    cmd = ['nsenter', '-t', str(netns_of), '-n'] + cmd
+  out = subprocess.run(cmd, capture_output=True, text=True).stdout
   ports = {}
   for line in out.splitlines():
     m = re.search(r':(\d+)\s+\S+\s+users:.*pid=(\d+)', line)
@@ -71,6 +81,10 @@ def main():
   p = argparse.ArgumentParser()
   p.add_argument('--out_dir', default=os.path.join(HERE, 'results', 'security'))
   p.add_argument('--env_steps', type=int, default=12000)
+  p.add_argument('--tag', default='', help='suffix of the output files '
+                 '(ss_after<tag>.txt, attacks_after<tag>.json)')
+  p.add_argument('--isolation', default='auto', help="the program's "
+                 '--isolation; the attacks always come from this network')
   args = p.parse_args()
   work = tempfile.mkdtemp(prefix='attacks-')
   logdir = os.path.join(work, 'run')
@@ -79,7 +93,8 @@ def main():
       [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
        '--distributed', '--num_actors=1', f'--env_steps={args.env_steps}',
        '--eval_episodes=0', '--noreport', '--join_slots=2',
-       '--log_every=200', '--checkpoint_every=30'],
+       '--log_every=200', '--checkpoint_every=30',
+       f'--isolation={args.isolation}'],
       stdout=open(os.path.join(work, 'program.log'), 'w'),
       stderr=subprocess.STDOUT, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
   out = {}
@@ -88,9 +103,19 @@ def main():
       assert program.poll() is None
       time.sleep(1)
     time.sleep(3)
-    pids = {c.pid for c in psutil.Process(program.pid).children(recursive=True)}
+    groups = {}
+    for c in psutil.Process(program.pid).children(recursive=True):
+      groups[c.pid] = c.environ().get('DREAMER_NODE_GROUP', c.name())
+    pids = set(groups) | {program.pid}
     ss, ports = listeners(pids)
-    with open(os.path.join(args.out_dir, 'ss_after.txt'), 'w') as f:
+    replay_pid = next(p for p, g in groups.items() if g == 'replay')
+    if os.readlink(f'/proc/{replay_pid}/ns/net') != os.readlink(
+        '/proc/self/ns/net'):              # sealed: the nodes' own network
+      inner, ports = listeners(pids, replay_pid)
+      ss = (f'# from the host network\n{ss}\n# inside the program\'s network '
+            f'namespace (nsenter -t {replay_pid} -n ss -ltnp); the attacks '
+            f'below still come from the host network\n{inner}')
+    with open(os.path.join(args.out_dir, f'ss_after{args.tag}.txt'), 'w') as f:
       f.write(ss)
     address = json.load(open(os.path.join(logdir, 'join.json')))['address']
     host, port = parse_address(address)
@@ -141,16 +166,17 @@ def main():
       return f'connection closed: {conn.sock.recv(1) == b""}'
     attempt('join service: 1 GiB frame', oversized)
 
-    replay_port = next(p for p in ports if p != port and _is_reverb(p))
+    replay_port = next(p for p, pid in ports.items() if pid == replay_pid)
     r = reverb.Client(f'127.0.0.1:{replay_port}')
-    layout = step_layout_from_server(r)
-    L = int(r.server_info()['uniform'].signature['step'].shape[0])
-    flat = [np.zeros((L,) + f.shape, f.dtype) for f in layout.fields]
-    names = [f.name for f in layout.fields]
-    flat[names.index('observation/position')][2, 0] = np.nan
-    rows = layout.pack(flat, L)
 
     def reverb_nan_items():
+      r.server_info(timeout=10)
+      layout = step_layout_from_server(r)
+      L = int(r.server_info()['uniform'].signature['step'].shape[0])
+      flat = [np.zeros((L,) + f.shape, f.dtype) for f in layout.fields]
+      names = [f.name for f in layout.fields]
+      flat[names.index('observation/position')][2, 0] = np.nan
+      rows = layout.pack(flat, L)
       for _ in range(20):
         with r.trajectory_writer(num_keep_alive_refs=L) as w:
           for row in rows:
@@ -160,11 +186,21 @@ def main():
       return 'accepted by the Reverb server (no authentication)'
     attempt('Reverb port: 20 NaN items + 1 malformed item', reverb_nan_items)
 
+    def group_port(group):
+      return next(p for p, pid in ports.items()
+                  if groups.get(pid) == group and p != port)
+
+    attempt('counter courier: increment(env_steps=10**9)', lambda: str(
+        courier.Client(f'127.0.0.1:{group_port("counter")}',
+                       call_timeout=10).increment(env_steps=10**9)))
+    attempt("join node's courier: stop_joiners()", lambda: str(
+        courier.Client(f'127.0.0.1:{group_port("join")}',
+                       call_timeout=10).stop_joiners()))
+
     def courier_pickles():
       ran = []
-      for p in sorted(ports):
-        if p in (port, replay_port):
-          continue
+      targets = [p for p in sorted(ports) if p not in (port, replay_port)]
+      for p in targets:
         before = open(marker).read().split() if os.path.exists(marker) else []
         try:
           courier.Client(f'127.0.0.1:{p}', call_timeout=10).run(Evil(marker))
@@ -174,9 +210,8 @@ def main():
         after = open(marker).read().split() if os.path.exists(marker) else []
         if len(after) > len(before):
           ran.append(p)
-      return (f'code ran through {len(ran)} of '
-              f'{len(ports) - 2} courier ports (Launchpad\'s servers '
-              'unpickle; firewall them)')
+      return (f'code ran through {len(ran)} of {len(targets)} courier '
+              'ports (Launchpad\'s servers unpickle what reaches them)')
     attempt("Launchpad courier ports: pickled payload", courier_pickles)
     program.wait(900)
     out['program exit'] = program.returncode
@@ -194,7 +229,8 @@ def main():
     if program.poll() is None:
       program.kill()
   print(json.dumps(out, indent=1))
-  with open(os.path.join(args.out_dir, 'attacks_after.json'), 'w') as f:
+  with open(os.path.join(args.out_dir, f'attacks_after{args.tag}.json'),
+            'w') as f:
     json.dump(out, f, indent=1)
   shutil.rmtree(work, ignore_errors=True)
 

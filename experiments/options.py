@@ -54,7 +54,7 @@ DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'learner_processes', 'coordinator_address',
                    'remote_learner_processes', 'join_slots',
                    'join_port', 'bind', 'join_lease', 'join_max_envs',
-                   'join_secret_file')
+                   'join_secret_file', 'isolation')
 # The flags of a remote actor (``--join``) and of a remote learner process
 # (``--learner_peer``): everything else is the program's.
 JOIN_FLAG_NAMES = ('distributed', 'join', 'num_envs', 'join_secret_file')
@@ -76,7 +76,7 @@ FLAG_GROUPS = (
     ('layout: Launchpad program (--distributed)', (
         'distributed', 'num_actors', 'actor_update_period', 'lp_terminal',
         'stop_grace', 'max_restarts', 'learner_processes',
-        'coordinator_address')),
+        'coordinator_address', 'isolation')),
     ('remote hosts (docs/security.md)', (
         'join_slots', 'join_port', 'bind', 'join_lease', 'join_max_envs',
         'join_secret_file', 'join', 'remote_learner_processes',
@@ -251,14 +251,32 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        '--learner_processes: how many of them (the last ones) '
                        'are started on other hosts with --learner_peer '
                        'instead of by this program; needs a '
-                       '--coordinator_address they reach.', **F)
+                       '--coordinator_address they reach. Assumes a trusted '
+                       'network: the program is not sealed (--isolation), so '
+                       'Reverb, the coordination service, gloo and every '
+                       'courier port are open, unauthenticated, to whoever '
+                       'reaches this host.', **F)
+  flags.DEFINE_enum('isolation', 'auto', ['auto', 'required', 'off'],
+                    '--distributed: seal the program: its Launchpad nodes '
+                    '(Reverb, courier, the learners\' coordination and gloo) '
+                    'listen only inside a private network namespace that no '
+                    'other host or user reaches; only the join service\'s port '
+                    '(--join_slots) is exposed. auto: seal where the kernel '
+                    'allows it, else run unsealed and say why in one line '
+                    'naming the open ports; required: refuse to start if it '
+                    'cannot seal; off: unsealed (every node port on every '
+                    'interface). --remote_learner_processes is never sealed '
+                    '(experiments/layouts/distributed/seal.py).', **F)
   flags.DEFINE_integer('learner_peer', env['learner_peer'],
                        'Run learner process K of a '
                        '--distributed program started elsewhere with '
                        '--remote_learner_processes, from its run directory '
                        '(--logdir, shared at the same path); --bind: the '
                        'address of this host the others reach. Default '
-                       '$JAX_PROCESS_ID when it is >= 1.', **F)
+                       '$JAX_PROCESS_ID when it is >= 1. Assumes a trusted '
+                       'network: its gloo listener is not sealed and, like '
+                       'the program\'s coordination service and Reverb, '
+                       'authenticates nobody.', **F)
   flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
                        'for remote actors that join the running program '
                        '(--join); 0: none can join.', **F)
@@ -271,9 +289,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       "advertised as this machine's first non-loopback IPv4 "
                       'address), in <logdir>/join.json and learner_peers.json, '
                       "and where gloo listens for the learner processes' "
-                      'collectives. Reverb and courier listen on every '
-                      'interface regardless: firewall them '
-                      '(docs/security.md).', **F)
+                      'collectives. Reverb and courier listen inside the '
+                      'sealed program (--isolation), or on every interface '
+                      'when it is not (docs/security.md).', **F)
   flags.DEFINE_float('join_lease', 60.0, '--distributed: seconds without a '
                      "message after which a remote actor's join slots are "
                      'freed (it hangs; a closed connection frees them at '
@@ -544,7 +562,8 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
         join_slots=fv.join_slots, join_port=fv.join_port, bind=fv.bind,
         join_lease_s=fv.join_lease, join_max_envs=fv.join_max_envs,
         join_secret_file=(os.path.abspath(os.path.expanduser(
-            fv.join_secret_file)) if fv.join_secret_file else ''))
+            fv.join_secret_file)) if fv.join_secret_file else ''),
+        isolation=fv.isolation)
   elif fv.learner_processes != 1:
     raise ValueError('--learner_processes needs --distributed (the learner '
                      'processes are nodes of the Launchpad program)')

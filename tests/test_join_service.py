@@ -404,3 +404,192 @@ def test_an_episode_flood_is_refused(program):
       break
   reason = _refused(conn)
   assert 'more episodes ended' in reason
+
+
+# -- slow and hostile peers ------------------------------------------------------
+
+
+def _closed_within(sock, seconds):
+  """Seconds until the service closed ``sock`` (EOF or reset), or None when
+  it stayed open ``seconds``."""
+  t0 = time.monotonic()
+  sock.settimeout(0.2)
+  while time.monotonic() - t0 < seconds:
+    try:
+      if not sock.recv(1 << 16):
+        return time.monotonic() - t0
+    except socket.timeout:
+      continue
+    except OSError:
+      return time.monotonic() - t0
+  return None
+
+
+def _conn_threads():
+  return sum(t.name == 'join-conn' for t in threading.enumerate())
+
+
+def test_a_handshake_trickled_a_byte_a_second_is_cut_at_its_deadline(
+    program, monkeypatch):
+  """One deadline for the whole handshake: each byte comes well within any
+  per-read timeout, yet the connection closes when the deadline passes,
+  long before its 64 bytes are in."""
+  spec, service, _, _ = program
+  monkeypatch.setattr(service, 'handshake_s', 3.0)
+  refused = service.row()['join/refused']
+  host, port = parse_address(service.address)
+  with socket.create_connection((host, port), timeout=30) as s:
+    assert len(s.recv(48)) == 48
+    t0, closed = time.monotonic(), False
+    for _ in range(wire.NONCE_BYTES + wire.TAG_BYTES - 1):
+      try:
+        s.sendall(b'x')
+      except OSError:
+        closed = True
+        break
+      if _closed_within(s, 1.0) is not None:
+        closed = True
+        break
+    took = time.monotonic() - t0
+  assert closed and took < 3.0 + 2.0, took
+  deadline = time.monotonic() + 5
+  while service.row()['join/refused'] < refused + 1:
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+
+
+def test_connections_past_the_unauthenticated_cap_are_closed_at_once(
+    program, monkeypatch):
+  """Silent connections (what a half-open one looks like to the service)
+  hold the cap of connections in their handshake; the next ones are closed
+  before any hello and hold no thread; once the silent ones are gone an
+  authorised actor connects."""
+  spec, service, _, _ = program
+  cap = 4
+  monkeypatch.setattr(service, 'max_unauthenticated', cap)
+  monkeypatch.setattr(service, 'handshake_s', 30.0)
+  host, port = parse_address(service.address)
+  threads = _conn_threads()
+  silent = []
+  for _ in range(cap):
+    s = socket.create_connection((host, port), timeout=30)
+    assert len(s.recv(48)) == 48            # its hello: in the handshake
+    silent.append(s)
+  extra = [socket.create_connection((host, port), timeout=30)
+           for _ in range(10)]
+  for s in extra:
+    assert _closed_within(s, 5.0) is not None
+    s.close()
+  assert _conn_threads() <= threads + cap
+  # An authorised client meanwhile: closed before the hello, a retryable
+  # ConnectionError (remote._connect tries again), not an AuthError.
+  with pytest.raises(ConnectionError):
+    _connect(service, _secret(spec))
+  for s in silent:
+    s.close()
+  deadline = time.monotonic() + 10
+  while True:
+    try:
+      conn, ticket = _claim(service, spec)
+      break
+    except ConnectionError:
+      assert time.monotonic() < deadline
+      time.sleep(0.2)
+  conn.send({'type': 'leave', 'claim': ticket['claim'],
+             'token': ticket['token']})
+  assert conn.recv()[0]['type'] == 'left'
+
+
+def test_an_authenticated_connection_that_never_claims_is_dropped(
+    program, monkeypatch):
+  """A secret holder's connection that sends nothing, and one that
+  trickles its claim frame a byte a second, are both closed when the claim
+  deadline passes, and counted."""
+  spec, service, _, _ = program
+  monkeypatch.setattr(service, 'claim_s', 2.0)
+  refused = service.row()['join/refused']
+  idle = _connect(service, _secret(spec))
+  slow = _connect(service, _secret(spec))
+  t0 = time.monotonic()
+  for _ in range(3):                        # a length prefix, slowly
+    slow.sock.sendall(b'\0')
+    time.sleep(1.0)
+  assert _closed_within(idle.sock, 10.0) is not None
+  assert _closed_within(slow.sock, 10.0) is not None
+  assert time.monotonic() - t0 < 2.0 + 4.0
+  deadline = time.monotonic() + 5
+  while service.row()['join/refused'] < refused + 2:
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+  assert service.row()['join/actors'] == 0
+
+
+def _raw_frame(conn, header_bytes, array_bytes=b''):
+  """Sends a correctly tagged frame whose header is ``header_bytes`` as
+  given (no encoder in between)."""
+  payload = struct.pack('>I', len(header_bytes)) + header_bytes + array_bytes
+  with conn._lock:                            # noqa: SLF001 (raw frame)
+    mac = wire.hmac.new(conn._send_key, struct.pack('>Q', conn._send_seq),  # noqa: SLF001
+                        wire.hashlib.sha256)
+    mac.update(payload)
+    conn._send_seq += 1                       # noqa: SLF001
+    conn.sock.sendall(struct.pack('>I', len(payload)) + payload +
+                      mac.digest())
+
+
+DEEP_JSON = b'{"a":' + b'[' * 20_000 + b']' * 20_000 + b'}'
+# 2**32 * 2**32 = 2**64 elements: numpy's int64 product wraps to 0.
+WRAPPING_SHAPE = json.dumps({'type': 'steps', 'arrays': [
+    {'dtype': 'uint8', 'shape': [2**32, 2**32]}]}).encode()
+
+
+@pytest.mark.parametrize('header,match', [
+    (DEEP_JSON, 'nested deeper'),
+    (WRAPPING_SHAPE, 'too large'),
+    # wraps to 0 elements in int64; and to 16 bytes with 16 bytes sent
+    (b'{"arrays": [{"dtype": "float32", "shape": [4611686018427387904, 4]}]}',
+     'too large'),
+    # an empty array numpy cannot shape
+    (b'{"arrays": [{"dtype": "uint8", "shape": [0, 18446744073709551616]}]}',
+     'too large'),
+    # at the element bound: a plain size check against the frame
+    (b'{"arrays": [{"dtype": "uint8", "shape": [1048576, 1048576]}]}',
+     'exceeds the frame'),
+    (b'{"n": ' + b'9' * 5000 + b'}', 'not JSON'),
+])
+def test_deep_json_and_huge_shapes_are_wire_errors(header, match):
+  payload = struct.pack('>I', len(header)) + header + bytes(16)
+  with pytest.raises(wire.WireError, match=match):
+    wire.decode(memoryview(payload))
+
+
+@pytest.mark.parametrize('frame', ['deep_json', 'wrapping_shape'])
+def test_deep_json_and_wrapping_shapes_are_refused_in_one_log_line(
+    program, monkeypatch, capfd, frame):
+  """Before and after the claim: the connection is closed and counted, and
+  the log gets one line for it (no traceback); a burst of them within
+  ``DENIED_LOG_S`` adds no more."""
+  spec, service, _, _ = program
+  monkeypatch.setattr(service, '_logged', {})
+  header = DEEP_JSON if frame == 'deep_json' else WRAPPING_SHAPE
+  match = 'nested deeper' if frame == 'deep_json' else 'too large'
+  capfd.readouterr()
+  refused = service.row()['join/refused']
+  conns = []
+  for claimed in (True, False, False, False):
+    conn, _ = (_claim(service, spec) if claimed else
+               (_connect(service, _secret(spec)), None))
+    _raw_frame(conn, header)
+    conns.append(conn)
+  for conn in conns:
+    assert _closed_within(conn.sock, 10.0) is not None
+  deadline = time.monotonic() + 10
+  while service.row()['join/refused'] < refused + len(conns):
+    assert time.monotonic() < deadline, service.row()
+    time.sleep(0.1)
+  time.sleep(0.5)
+  err = capfd.readouterr().err
+  lines = [line for line in err.splitlines() if match in line]
+  assert len(lines) == 1, err
+  assert 'Traceback' not in err, err
+  assert service.row()['join/actors'] == 0

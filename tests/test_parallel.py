@@ -282,3 +282,8 @@ def test_a_learner_process_started_on_another_host_trains_with_the_program(
   updates = final['learner']['updates']       # the final checkpoint's count
   assert updates > 0 and peer_updates == updates
   assert not (logdir / 'learner_peers.pkl').exists()
+  # Not sealed (other hosts need its ports): the log says so, once, with
+  # the trusted-network assumption and the ports left open.
+  lines = [x for x in (tmp_path / 'program.log').read_text().splitlines()
+           if x.startswith('[run] not sealed')]
+  assert len(lines) == 1 and 'trusted' in lines[0] and 'replay' in lines[0]

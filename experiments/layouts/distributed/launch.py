@@ -12,6 +12,9 @@ written before) and returns this launch's ``ProgramSettings``; ``run`` builds
 ``<logdir>/lp_logs/segment-<n>/<group>/<index>``
 (``--lp_terminal=output_to_files``, the default) or to this terminal.
 
+Sealed (``--isolation``, ``seal.py``): the program runs in a private
+network namespace of its own; only the join port is bound in the host's.
+
 Re-running with the same ``--logdir`` resumes from the last checkpoint.
 Ctrl-C (or SIGTERM) stops every node; the learner writes a checkpoint first
 (within ``--stop_grace`` seconds). A second Ctrl-C kills at once. The step
@@ -27,6 +30,7 @@ Every restart is one log line and one row of ``<logdir>/restarts.jsonl``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -36,8 +40,10 @@ import time
 from typing import Any, Dict, Optional
 
 from experiments.layouts import stopping
-from experiments.layouts.distributed import lp_init, remote_peers
+from experiments.layouts.distributed import lp_init, remote_peers, seal
 from experiments.layouts.distributed.addresses import parse_address
+from experiments.layouts.distributed.join.service import (
+    join_address, listen_host, make_listener)
 from experiments.layouts.distributed.program import build_program, local_resources
 from experiments.layouts.distributed.secret import ensure_secret, secret_path
 from experiments.layouts.distributed.settings import (
@@ -87,13 +93,18 @@ def launcher_progress_line(row: Optional[Dict[str, Any]], target: int,
                               eta=left)
 
 
-def prepare(experiment: DreamerExperiment, dist: DistributedConfig):
-  """Checks the program's layout, the logdir and the checkpoint to resume;
-  returns this launch's ``ProgramSettings``, or a summary dict when the
-  budget was already reached. ValueError (before anything is written) for
-  bad settings."""
+def prepare(experiment: DreamerExperiment, dist: DistributedConfig,
+            decision: Optional[seal.Decision] = None):
+  """Checks the program's layout, whether it can be sealed
+  (``--isolation``; ``decision`` when a restart already knows), the logdir
+  and the checkpoint to resume; returns this launch's ``ProgramSettings``,
+  or a summary dict when the budget was already reached. ValueError (before
+  anything is written) for bad settings, and for ``--isolation=required``
+  where the program cannot be sealed."""
   run, config = experiment.run, experiment.config
   check_layout(experiment, dist)
+  if decision is None:
+    decision = seal.decide(dist)
   latest = rundir.validate(run, config, MODE)
   state = rundir.load_resume_state(run, latest)
   if state:
@@ -120,12 +131,33 @@ def prepare(experiment: DreamerExperiment, dist: DistributedConfig):
   settings = ProgramSettings(
       experiment=experiment, dist=dist,
       launch_dir=tempfile.mkdtemp(prefix='dreamer-lp-'), segment=segment,
-      resume=latest, run_state=state, coordinator_address=coordinator)
+      resume=latest, run_state=state, coordinator_address=coordinator,
+      sealed=decision.sealed, unsealed=decision.reason)
   if latest:
     log(f'[run] resuming from {latest} (segment {segment}, '
         f'{state["counts"].get("env_steps", 0)} env steps, '
         f'{state["learner"]["updates"]} updates)')
   return settings
+
+
+def open_ports(settings: ProgramSettings, program) -> Dict[str, list]:
+  """{group: ports} of the launched program's unauthenticated listeners
+  (Reverb and courier bind every interface, the join node's courier port
+  included; the coordination service its address; gloo a port of its own
+  choosing). The join service's own port is not one: it authenticates."""
+  out: Dict[str, list] = {}
+  for group, nodes in program.groups.items():
+    for node in nodes:
+      address = getattr(node, 'reverb_address', None) or getattr(
+          node, 'courier_address', None)
+      if address is not None:
+        out.setdefault(group, []).append(
+            parse_address(address.resolve())[1])
+  if settings.dist.learner_processes > 1:
+    out['coordinator'] = [parse_address(settings.coordinator_address,
+                                        '--coordinator_address')[1]]
+    out['gloo'] = ['(chosen by gloo)']
+  return out
 
 
 # Node errors that a program restart cannot cure: the run stops at once.
@@ -147,7 +179,30 @@ def run(prepared) -> Dict[str, Any]:
   step budget or a stop signal; returns a summary. When a node that is not
   restarted in place dies, starts the program again from the last complete
   checkpoint, up to ``--max_restarts`` times (issue 22); RuntimeError past
-  that, naming the node."""
+  that, naming the node. A sealed program (``seal.py``) runs all of that in
+  a child in its own network namespace; this process binds the join port
+  in the host's network and waits."""
+  if isinstance(prepared, dict) or not prepared.sealed or seal.inside():
+    return _run_program(prepared)
+  dist, broker = prepared.dist, None
+  if dist.join_slots:
+    try:
+      listener = make_listener(dist.bind, dist.join_port)
+    except OSError as e:
+      raise RuntimeError(f'the join service cannot listen on '
+                         f'{listen_host(dist.bind)}:{dist.join_port}: {e}'
+                         ) from None
+    broker = seal.ListenerBroker(listener, join_address(
+        dist.bind, listener.getsockname()[1]))
+    prepared = dataclasses.replace(prepared, join_listener=broker.path)
+  log('[run] sealed: the program\'s nodes listen only in its own network '
+      'namespace; exposed: ' + (f'the join service at {broker.address}'
+                                if broker else 'nothing'))
+  return seal.run_sealed(lambda: _run_program(prepared), broker)
+
+
+def _run_program(prepared) -> Dict[str, Any]:
+  """``run``'s launches and restarts, in this process."""
   restarts = 0
   while True:
     if isinstance(prepared, dict):
@@ -183,7 +238,11 @@ def run(prepared) -> Dict[str, Any]:
           f'(run/restarts {count})')
     finally:
       shutil.rmtree(settings.launch_dir, ignore_errors=True)
-    prepared = prepare(settings.experiment, dist)
+    prepared = prepare(settings.experiment, dist, seal.Decision(
+        settings.sealed, settings.unsealed))
+    if not isinstance(prepared, dict):
+      prepared = dataclasses.replace(prepared,
+                                     join_listener=settings.join_listener)
 
 
 def _launch(settings: ProgramSettings) -> Dict[str, Any]:
@@ -250,6 +309,8 @@ def _launch(settings: ProgramSettings) -> Dict[str, Any]:
   with supervisor.installed(make_manager):
     manager = lp.launch(program, launch_type='local_mp',
                         terminal=dist.terminal, local_resources=resources)
+  if not settings.sealed and dist.isolation != 'off':
+    log(seal.open_ports_line(settings.unsealed, open_ports(settings, program)))
   # Launchpad bound the nodes' addresses at launch: remote learner peers
   # can now be told this launch's Reverb port.
   peers_file = None

@@ -139,7 +139,7 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
   # Before anything touches jax's devices: join the other learner processes.
   parallel.initialize_processes(settings.coordinator_address,
                                 settings.dist.learner_processes, 0,
-                                gloo_host=settings.dist.gloo_host)
+                                gloo_host=settings.gloo_host)
   run, builder = settings.run, settings.builder
   stop = stopping.NodeStop()
   info = wait_for_replay(replay, stop.requested)
@@ -191,7 +191,7 @@ def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
   dist = settings.dist
   parallel.initialize_processes(
       settings.coordinator_address, dist.learner_processes, process_id,
-      gloo_host=dist.gloo_host if gloo_host is None else gloo_host)
+      gloo_host=settings.gloo_host if gloo_host is None else gloo_host)
   builder, stop = settings.builder, PeerStop()
   wait_for_replay(replay, stop.requested)
   dataset = builder.make_dataset_iterator(replay, should_stop=stop.requested)

@@ -81,7 +81,9 @@ def run_remote_peer(logdir: str, process_id: int, bind: str = '',
                      f'waits for remote learner processes {first}..'
                      f'{dist.learner_processes - 1}')
   log(f'[learner {process_id}] joining {settings.coordinator_address} '
-      f'(replay {info["replay"]})')
+      f'(replay {info["replay"]}); assumes a trusted network: the '
+      'coordination service, gloo and Reverb authenticate nobody, and this '
+      'process is not sealed (docs/security.md)')
   program.make_learner_peer_node(
       settings, process_id, reverb.Client(info['replay']),
       gloo_host=advertised_host(bind) if bind else '').run()

@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 from agent.parallel import check_processes
 from agent.types import EnvSpaces
 from experiments.layouts.distributed.addresses import advertised_host
+from experiments.layouts.distributed.seal import ISOLATION
 from experiments.run.config import Rule, RunConfig, check_rules
 from experiments.run.experiment import DreamerExperiment, experiment_of
 from reverb_tables.latent_store import id_jump
@@ -85,8 +86,8 @@ class DistributedConfig:
     (``gloo_host``; ``addresses.py``: '0.0.0.0' is advertised as this
     machine's first non-loopback IPv4 address). Reverb and courier servers
     listen on every interface whatever this says (their servers take a port
-    only), so keep untrusted networks out with a firewall
-    (docs/security.md).
+    only): inside the sealed program's own network (``isolation``), or in
+    this host's when it is not sealed (docs/security.md).
   join_lease_s: a remote actor's claim ends after this long without a
     message while it is not waiting on the replay (it hangs), ``--join_lease``;
     a claim whose connection ends is freed at once.
@@ -94,6 +95,8 @@ class DistributedConfig:
     every join slot).
   join_secret_file: the run secret's file (``secret.py``); '' is
     ``<logdir>/join.secret``.
+  isolation: 'auto' | 'required' | 'off': whether the program's nodes run
+    sealed in a private network namespace (``seal.py``).
   """
   num_actors: int = 2
   update_period: int = 1
@@ -113,9 +116,13 @@ class DistributedConfig:
   join_lease_s: float = 60.0
   join_max_envs: int = 0
   join_secret_file: str = ''
+  isolation: str = 'auto'
 
   def __post_init__(self):
     check_rules(RULES, self)
+    if self.isolation not in ISOLATION:
+      raise ValueError(f'--isolation must be one of {ISOLATION}, got '
+                       f'{self.isolation!r}')
     if self.remote_learner_processes >= self.learner_processes:
       raise ValueError(
           f'--remote_learner_processes must be in [0, --learner_processes '
@@ -174,7 +181,10 @@ class ProgramSettings:
   resume: that checkpoint's path; segment: resume count (env seeds move with
   it, as in the single-process run); launch_dir: a per-launch scratch folder
   (marker files, errors, the summary); coordinator_address: this launch's
-  address of the learner processes' coordination service.
+  address of the learner processes' coordination service; sealed: the
+  program runs in its private network namespace (``seal.py``), else
+  ``unsealed`` says why; join_listener: where the sealed join node gets its
+  listening socket (``seal.ListenerBroker``; '' binds one itself).
   """
   experiment: DreamerExperiment
   dist: DistributedConfig
@@ -183,6 +193,9 @@ class ProgramSettings:
   resume: Optional[str] = None
   run_state: Optional[Dict[str, Any]] = None
   coordinator_address: str = ''
+  sealed: bool = False
+  unsealed: str = ''
+  join_listener: str = ''
 
   @property
   def run(self) -> RunConfig:
@@ -200,6 +213,13 @@ class ProgramSettings:
   def builder(self):
     """The experiment's builder (made once, with the experiment)."""
     return self.experiment.builder
+
+  @property
+  def gloo_host(self) -> str:
+    """Where learner processes of this program listen for gloo: the
+    namespace's loopback when sealed (it has no other interface), else
+    ``DistributedConfig.gloo_host``."""
+    return '127.0.0.1' if self.sealed else self.dist.gloo_host
 
   @property
   def envs_per_actor(self) -> int:

@@ -238,7 +238,9 @@ class RemoteParams:
 
 def _connect(address: str, secret: bytes, stop: threading.Event):
   """An authenticated connection, retrying while the service is not up yet
-  (at most ``CONNECT_S``); ValueError at once when the secret is refused."""
+  or closes before its hello (at its cap of connections in their handshake:
+  a flood of others must not make this actor give up), at most
+  ``CONNECT_S``; ValueError at once when the secret is refused."""
   host, port = parse_address(address)
   deadline = time.monotonic() + CONNECT_S
   while True:

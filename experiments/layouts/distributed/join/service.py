@@ -8,14 +8,28 @@ r"""The join service: the one way into a running program for remote actors.
       --join_secret_file=join.secret --num_envs=4
 
 A node of its own in the Launchpad program (group 'join', on the program's
-host). It listens on ``--bind``:``--join_port`` ('' binds loopback only) for
-connections of ``wire.py``: a connection that does not prove it holds the
+host). It listens on ``--bind``:``--join_port`` ('' binds loopback only; in
+a sealed program the launcher binds it in the host's network and hands it
+to this node, ``seal.py``) for connections of ``wire.py``: a connection that does not prove it holds the
 run secret (``secret.py``) is closed before anything else it sends is
 parsed, and no message is ever unpickled. A remote actor never reaches the
 Reverb server, the learner or the counter: this service stores its steps
 through the program's own adder (``builder.make_adder``) on this host, so
 they pass the rate limiter like any actor's, and serves it the learner's
 acting parameters.
+
+Slow and hostile peers: the whole handshake has one deadline
+(``HANDSHAKE_S``, not a limit per read); at most ``MAX_UNAUTHENTICATED``
+connections may be in their handshake at once (a silent or vanished peer
+counts until its deadline; more are closed at accept, so a flood holds a
+bounded number of threads); an authenticated connection must send its
+claim within ``CLAIM_S``, so a secret holder cannot hold connections
+without claiming, and at most ``join_slots + SPARE_CONNECTIONS`` are
+authenticated at once. A frame the wire cannot parse (JSON nested past the
+decoder's recursion, a shape whose size exceeds the frame) is a
+``wire.WireError`` like any malformed frame: refused, counted, and logged
+in one line; lines of one kind of refusal are logged at most once per
+``DENIED_LOG_S``, the next one saying how many were not.
 
 One connection holds at most one claim (``slots.JoinSlots``, a random
 token that every later message must present). Messages, JSON headers with
@@ -69,6 +83,7 @@ import numpy as np
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from experiments.envs.vector import EpisodeTracker
+from experiments.layouts.distributed import seal
 from experiments.layouts.distributed.addresses import advertised_host
 from experiments.layouts.distributed.join import wire
 from experiments.layouts.distributed.join.slots import (
@@ -79,16 +94,24 @@ from experiments.layouts.distributed.secret import secret_path
 from experiments.run import rundir
 from experiments.run.config import log
 
-# A client must finish the handshake within this long.
+# A client must finish the whole handshake within this long (one deadline,
+# however it paces its bytes).
 HANDSHAKE_S = 10.0
-# Connections at once beyond the join slots (handshakes in progress).
+# Connections at once that have not finished the handshake, half-open ones
+# (the peer went silent or vanished) included until their deadline: more
+# are closed at once, so a flood holds at most this many threads.
+MAX_UNAUTHENTICATED = 16
+# An authenticated connection must send its whole claim within this long
+# (a secret holder cannot hold connections without claiming).
+CLAIM_S = 10.0
+# Authenticated connections at once beyond the join slots.
 SPARE_CONNECTIONS = 8
 # The service asks the learner for new acting parameters at most this often.
 PARAMS_REFRESH_S = 1.0
 # Header bytes a message may add to its arrays.
 HEADER_BYTES = 64 * 1024
-# Seconds between log lines about refused connections (a scan or a flood
-# must not flood the log).
+# Seconds between log lines of one kind of refusal (a scan or a flood must
+# not flood the log; the next line says how many were not logged).
 DENIED_LOG_S = 10.0
 # <launch_dir>/join_claims.json: claim numbers, for a service restarted in
 # place (program.make_join_node).
@@ -103,6 +126,19 @@ def listen_host(bind: str) -> str:
   """Where the service listens: '' -> loopback only; else as given
   ('0.0.0.0': every IPv4 interface)."""
   return bind or '127.0.0.1'
+
+
+def make_listener(bind: str, port: int) -> socket.socket:
+  """The service's listening TCP socket on ``bind``:``port`` (0: a free
+  port); made by the join node, or by the launcher of a sealed program in
+  the host's network (``seal.py``)."""
+  host = listen_host(bind)
+  sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET,
+                       socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.bind((host, port))
+  sock.listen(16)
+  return sock
 
 
 def join_address(bind: str, port: int) -> str:
@@ -142,20 +178,27 @@ class JoinService:
     self._params: Optional[Tuple[int, list, list]] = None
     self._params_at = -1e9
     self._params_lock = threading.Lock()
-    self._denied, self._denied_logged = 0, 0.0
+    self._denied = 0
+    self._logged: Dict[str, Tuple[float, int]] = {}  # kind: (when, unlogged)
+    # Caps and deadlines (module constants; a test may set them lower).
+    self.handshake_s, self.claim_s = HANDSHAKE_S, CLAIM_S
+    self.max_unauthenticated = MAX_UNAUTHENTICATED
+    self._unauthenticated = 0              # accepted, handshake not done
     self._connections: Dict[int, wire.Connection] = {}   # by id()
     self._by_claim: Dict[int, wire.Connection] = {}
-    self._sock = socket.socket(socket.AF_INET6 if ':' in listen_host(
-        dist.bind) else socket.AF_INET, socket.SOCK_STREAM)
-    self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    self._sock.bind((listen_host(dist.bind), dist.join_port))
-    self._sock.listen(16)
+    if settings.join_listener:     # sealed: bound by the launcher (seal.py)
+      self._sock, self.address = seal.receive_listener(settings.join_listener)
+    else:
+      self._sock = make_listener(dist.bind, dist.join_port)
+      self.address = join_address(dist.bind, self._sock.getsockname()[1])
     self.port = self._sock.getsockname()[1]
-    self.address = join_address(dist.bind, self.port)
     rundir.atomic_write(os.path.join(run.logdir, JOIN_FILE), json.dumps(
         {'address': self.address, 'join_slots': dist.join_slots,
          'segment': settings.segment}))
-    log(f'[join] listening on {listen_host(dist.bind)}:{self.port}; remote '
+    where = (f'{self.address} (bound by the launcher outside the sealed '
+             'program)' if settings.join_listener else
+             f'{listen_host(dist.bind)}:{self.port}')
+    log(f'[join] listening on {where}; remote '
         f'actors join with: python experiments/run_dmc.py --distributed '
         f'--join={self.address} --join_secret_file=<a copy of '
         f'{secret_path(run.logdir, dist.join_secret_file)}> --num_envs=N '
@@ -229,40 +272,69 @@ class JoinService:
         sock, _ = self._sock.accept()
       except OSError:
         return                        # closed
-      if len(self._connections) >= self._settings.dist.join_slots + \
-          SPARE_CONNECTIONS:
-        self._deny(f'{wire.peer_name(sock)}: too many connections')
+      with self._lock:
+        full = self._unauthenticated >= self.max_unauthenticated
+        if not full:
+          self._unauthenticated += 1
+      if full:
+        self._deny(f'{wire.peer_name(sock)}: {self.max_unauthenticated} '
+                   'connections are already in their handshake')
         sock.close()
         continue
       wire.keepalive(sock)
       threading.Thread(target=self._serve, args=(sock,), name='join-conn',
                        daemon=True).start()
 
+  def _log_limited(self, kind: str, line: str) -> None:
+    """Logs ``line`` unless a line of this ``kind`` was logged in the last
+    ``DENIED_LOG_S``; the next one logged says how many were not."""
+    with self._lock:
+      now = time.monotonic()
+      last, unlogged = self._logged.get(kind, (-1e9, 0))
+      if now - last < DENIED_LOG_S:
+        self._logged[kind] = (last, unlogged + 1)
+        return
+      self._logged[kind] = (now, 0)
+    if unlogged:
+      line += f' ({unlogged} more like it in {now - last:.0f}s not logged)'
+    log(line)
+
   def _deny(self, why: str) -> None:
+    """A connection refused before it authenticated: counted, logged at
+    most once per ``DENIED_LOG_S``."""
     with self._lock:
       self._denied += 1
       self._book.refused += 1
-      now = time.monotonic()
-      if now - self._denied_logged < DENIED_LOG_S:
-        return
-      self._denied_logged = now
       n = self._denied
-    log(f'[join] refused a connection: {why} ({n} refused so far)')
+    self._log_limited('denied', f'[join] refused a connection: {why} ({n} '
+                      'refused so far)')
 
   # -- one connection -----------------------------------------------------------
   def _serve(self, sock: socket.socket) -> None:
     try:
       conn = wire.server_handshake(sock, self._secret, self._max_in,
-                                   HANDSHAKE_S)
+                                   self.handshake_s)
     except wire.AuthError as e:
       self._deny(str(e))
       return
-    self._connections[id(conn)] = conn
+    finally:
+      with self._lock:
+        self._unauthenticated -= 1
+    with self._lock:
+      full = len(self._connections) >= self._settings.dist.join_slots + \
+          SPARE_CONNECTIONS
+      if not full:
+        self._connections[id(conn)] = conn
+    if full:
+      conn.close()
+      self._deny(f'{conn.peer}: too many authenticated connections')
+      return
     session: Optional[_Session] = None
     why = 'left'
     try:
       while True:
-        header, arrays = conn.recv()
+        header, arrays = conn.recv(
+            time.monotonic() + self.claim_s if session is None else None)
         kind = header.get('type')
         if session is None:
           if kind != 'claim':
@@ -294,14 +366,17 @@ class JoinService:
       except (OSError, ValueError):
         pass
     except wire.WireError as e:
-      why = f'refused: {e}'
+      why = f'refused a malformed frame: {e}'
+      with self._lock:
+        self._book.refused += 1
+    except socket.timeout:            # only the claim has a deadline
+      why = f'refused: no claim within {self.claim_s:g}s of the handshake'
       with self._lock:
         self._book.refused += 1
     except (ConnectionError, OSError) as e:
       why = f'connection lost ({e})'
     except Exception as e:  # noqa: BLE001  (one connection's failure only)
-      why = f'failed: {e!r}'
-      log(f'[join] {conn.peer}: {traceback.format_exc()}')
+      why = f'failed: {e!r}\n{traceback.format_exc()}'
     finally:
       self._end(conn, session, why)
 
@@ -432,10 +507,14 @@ class JoinService:
         self._book.end(s.claim.claim)
         self._by_claim.pop(s.claim.claim, None)
     conn.close()
-    self._connections.pop(id(conn), None)
+    with self._lock:
+      self._connections.pop(id(conn), None)
+    kind = why.split(':', 1)[0]   # refused, refused a malformed frame, ...
+    why, _, trace = why.partition('\n')  # a failure's traceback goes last
     if s is None:
       if why != 'left':
-        self._deny(f'{conn.peer}: {why}')
+        self._log_limited(kind, f'[join] {conn.peer} (authenticated, no '
+                          f'claim): {why}' + (f'\n{trace}' if trace else ''))
       return
     if why != 'left':
       self._flush(s)
@@ -444,5 +523,10 @@ class JoinService:
     except Exception:  # noqa: BLE001  (the server may be stopping)
       pass
     st = s.claim.stats
-    log(f'[join] claim {s.claim.claim} ended ({why}): {st["env_steps"]:.0f} '
-        f'env steps, {st["episodes"]:.0f} episodes, {st["items"]:.0f} items')
+    line = (f'[join] claim {s.claim.claim} ended ({why}): '
+            f'{st["env_steps"]:.0f} env steps, {st["episodes"]:.0f} episodes, '
+            f'{st["items"]:.0f} items') + (f'\n{trace}' if trace else '')
+    if why.startswith(('refused', 'failed')):
+      self._log_limited(kind, line)
+    else:
+      log(line)

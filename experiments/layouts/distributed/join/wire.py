@@ -11,11 +11,13 @@ Handshake (both sides hold the run's secret K, ``secret.py``):
   server -> client   'OK  ' | HMAC-SHA256(K, 'server' | MAGIC | sn | cn)
                      or 'DENY' | 32 zero bytes, and the server closes
 
-The server reads exactly 64 bytes from the client, within ``timeout``, and
-compares the tag with ``hmac.compare_digest`` before it parses anything else
-the client sends; the client checks the server's tag the same way, so
-neither side talks to a peer that lacks the secret. The secret never
-crosses the wire.
+The server reads exactly 64 bytes from the client and compares the tag
+with ``hmac.compare_digest`` before it parses anything else the client
+sends; the client checks the server's tag the same way, so neither side
+talks to a peer that lacks the secret. The secret never crosses the wire.
+``timeout`` is one deadline for the whole handshake, not a limit per read:
+a peer that trickles its 64 bytes one at a time is cut off when the
+deadline passes however often it sends.
 
 Frames after the handshake, each way:
 
@@ -34,7 +36,12 @@ Payload: u32 header length | header (a JSON object, UTF-8) | array bytes.
 The header's 'arrays' lists each array as {'dtype', 'shape'} (dtype from
 ``DTYPES``); their raw C-order bytes follow in that order and must fill the
 payload exactly. Arrays are rebuilt with ``np.frombuffer`` (never
-``np.load``, never pickle).
+``np.load``, never pickle). What a payload cannot be parsed into is a
+``WireError`` naming why, never another exception: a header nested deeper
+than the JSON decoder recurses, or whose numbers it cannot convert, and an
+array whose declared size (the product of its shape, in Python integers:
+numpy's int64 product wraps) exceeds what is left of the frame or whose
+shape numpy could not make even empty (``MAX_ELEMENTS``).
 
 Why our own framing rather than gRPC or TLS: gRPC with TLS needs
 certificates a remote host must be given and trust; Python 3.10's ``ssl``
@@ -53,7 +60,8 @@ import secrets
 import socket
 import struct
 import threading
-from typing import Any, Dict, List, Sequence, Tuple
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +74,9 @@ DTYPES = ('float32', 'float64', 'bfloat16', 'float16', 'uint8', 'uint16',
           'int32', 'int64', 'bool')
 # The most array dimensions a frame may declare.
 MAX_NDIM = 8
+# The most elements a declared shape may have, its zero dimensions counted
+# as 1: far above any frame, below numpy's limits for an empty array's shape.
+MAX_ELEMENTS = 1 << 40
 _LEN = struct.Struct('>I')
 _SEQ = struct.Struct('>Q')
 
@@ -89,11 +100,20 @@ def _dtype(name: str) -> np.dtype:
   return np.dtype(name)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> memoryview:
+def _recv_exact(sock: socket.socket, n: int,
+                deadline: Optional[float] = None) -> memoryview:
+  """``n`` bytes; with a ``deadline`` (``time.monotonic``) the socket
+  timeout is what is left of it before each read, so the whole read ends by
+  then (socket.timeout) however the peer paces its bytes."""
   buf = bytearray(n)
   view = memoryview(buf)
   got = 0
   while got < n:
+    if deadline is not None:
+      left = deadline - time.monotonic()
+      if left <= 0:
+        raise socket.timeout('the deadline passed')
+      sock.settimeout(left)
     k = sock.recv_into(view[got:], n - got)
     if not k:
       raise ConnectionError('the peer closed the connection')
@@ -130,6 +150,9 @@ def decode(payload: memoryview) -> Tuple[Dict[str, Any], List[np.ndarray]]:
     header = json.loads(bytes(payload[_LEN.size:start]).decode())
   except (UnicodeDecodeError, ValueError) as e:
     raise WireError(f'header is not JSON: {e}') from None
+  except RecursionError:
+    raise WireError('header is nested deeper than the JSON decoder '
+                    'recurses') from None
   if not isinstance(header, dict):
     raise WireError('header is not a JSON object')
   meta = header.pop('arrays', [])
@@ -144,7 +167,13 @@ def decode(payload: memoryview) -> Tuple[Dict[str, Any], List[np.ndarray]]:
       raise WireError(f'array {i}: bad dtype or shape {m!r} (dtypes: '
                       f'{DTYPES})')
     dtype = _dtype(m['dtype'])
-    size = int(np.prod(m['shape'], dtype=np.int64)) * dtype.itemsize
+    size, bound = dtype.itemsize, 1
+    for d in m['shape']:             # Python ints: no wrap-around
+      size, bound = size * d, bound * max(d, 1)
+      if bound > MAX_ELEMENTS:
+        raise WireError(f'array {i}: shape {m["shape"]} is too large (more '
+                        f'than {MAX_ELEMENTS} elements with its zero '
+                        'dimensions counted as 1)')
     if at + size > len(payload):
       raise WireError(f'array {i} ({m["dtype"]}{m["shape"]}) exceeds the frame')
     arrays.append(np.frombuffer(payload[at:at + size], dtype).reshape(
@@ -185,14 +214,21 @@ class Connection:
         self.sock.sendall(p)
       self.sock.sendall(mac.digest())
 
-  def recv(self) -> Tuple[Dict[str, Any], List[np.ndarray]]:
+  def recv(self, deadline: Optional[float] = None
+           ) -> Tuple[Dict[str, Any], List[np.ndarray]]:
     """The next frame; WireError when it is oversized, altered or malformed
-    (the connection is then unusable), ConnectionError when it closed."""
-    (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
-    if n > self.max_bytes:
-      raise WireError(f'frame of {n} bytes exceeds the cap of '
-                      f'{self.max_bytes}')
-    body = _recv_exact(self.sock, n + TAG_BYTES)
+    (the connection is then unusable), ConnectionError when it closed;
+    socket.timeout when it has not arrived whole by ``deadline``
+    (``time.monotonic``; None: wait as long as the socket's timeout says)."""
+    try:
+      (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size, deadline))
+      if n > self.max_bytes:
+        raise WireError(f'frame of {n} bytes exceeds the cap of '
+                        f'{self.max_bytes}')
+      body = _recv_exact(self.sock, n + TAG_BYTES, deadline)
+    finally:
+      if deadline is not None:
+        self.sock.settimeout(None)
     payload, tag = body[:n], body[n:]
     mac = hmac.new(self._recv_key, _SEQ.pack(self._recv_seq), hashlib.sha256)
     mac.update(payload)
@@ -217,14 +253,16 @@ def _keys(secret: bytes, sn: bytes, cn: bytes) -> Tuple[bytes, bytes]:
 
 def server_handshake(sock: socket.socket, secret: bytes, max_bytes: int,
                      timeout: float = 10.0) -> Connection:
-  """Authenticates the client on ``sock`` (module doc); AuthError (the
-  socket is closed) when it does not prove it holds ``secret``."""
+  """Authenticates the client on ``sock`` (module doc) within ``timeout``
+  seconds in all; AuthError (the socket is closed) when it does not prove
+  it holds ``secret`` by then."""
   peer = peer_name(sock)
+  deadline = time.monotonic() + timeout
   sock.settimeout(timeout)
   try:
     sn = secrets.token_bytes(NONCE_BYTES)
     sock.sendall(MAGIC + sn)
-    answer = bytes(_recv_exact(sock, NONCE_BYTES + TAG_BYTES))
+    answer = bytes(_recv_exact(sock, NONCE_BYTES + TAG_BYTES, deadline))
     cn, tag = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
     if not hmac.compare_digest(tag, _tag(secret, b'client', MAGIC, sn, cn)):
       try:
@@ -232,7 +270,11 @@ def server_handshake(sock: socket.socket, secret: bytes, max_bytes: int,
       except OSError:
         pass
       raise AuthError(f'{peer} did not prove it holds the run secret')
+    sock.settimeout(max(deadline - time.monotonic(), 1e-3))
     sock.sendall(OK + _tag(secret, b'server', MAGIC, sn, cn))
+  except socket.timeout:
+    sock.close()
+    raise AuthError(f'{peer}: no handshake within {timeout:g}s') from None
   except (OSError, ConnectionError) as e:
     sock.close()
     raise AuthError(f'{peer}: handshake failed ({e})') from None
@@ -247,18 +289,24 @@ def server_handshake(sock: socket.socket, secret: bytes, max_bytes: int,
 def client_handshake(sock: socket.socket, secret: bytes, max_bytes: int,
                      timeout: float = 30.0) -> Connection:
   """Proves to the server that this side holds ``secret`` and checks that
-  the server does too; AuthError naming which side failed."""
+  the server does too; AuthError naming which side failed. A server that
+  closes before its hello (it is at its cap of connections, or restarting)
+  raises ConnectionError instead: worth trying again."""
   peer = peer_name(sock)
-  sock.settimeout(timeout)
+  deadline = time.monotonic() + timeout
   try:
-    hello = bytes(_recv_exact(sock, len(MAGIC) + NONCE_BYTES))
+    hello = bytes(_recv_exact(sock, len(MAGIC) + NONCE_BYTES, deadline))
+  except OSError:
+    sock.close()
+    raise
+  try:
     if hello[:len(MAGIC)] != MAGIC:
       raise AuthError(f'{peer} is not a join service of this version '
                       f'(it sent {hello[:len(MAGIC)]!r})')
     sn = hello[len(MAGIC):]
     cn = secrets.token_bytes(NONCE_BYTES)
     sock.sendall(cn + _tag(secret, b'client', MAGIC, sn, cn))
-    status = bytes(_recv_exact(sock, len(OK) + TAG_BYTES))
+    status = bytes(_recv_exact(sock, len(OK) + TAG_BYTES, deadline))
   except (OSError, ConnectionError) as e:
     sock.close()
     raise AuthError(f'{peer}: handshake failed ({e})') from None
