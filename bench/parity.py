@@ -41,6 +41,30 @@ Variants of ours:
   position-resolved world-model losses (`pos/<loss>/<group>`, also written by
   bench/parity_official.py); `compare` leaves them out of its checks.
 
+Pixels (`--pixels` on run, suite and compare): both sides train from one
+64x64 RGB observation 'image' and no vector keys, the official dmc_vision
+semantics, at the same SETTINGS otherwise (size1m, ratio 128, repeat 2, ...):
+
+  python bench/parity.py suite --task=cartpole_swingup --pixels --seeds 0 1 2 \
+      --updates=1500 --variants
+  python bench/parity.py compare --task=cartpole_swingup --pixels --length=1500 \
+      --table_at 500 1500
+
+  ours      experiments/run_dmc.py --image --noproprio (frames from
+            physics.render with MuJoCo EGL, camera 0 (quadruped 2), after the
+            action repeat; experiments/envs/dmc.py).
+  official  --configs dmc_vision size1m --env.dmc.proprio False
+            --env.dmc.image True (its defaults: size 64x64, camera -1 -> 0),
+            and bench/parity_official.py --pixels keeps dm_control's
+            rendering (it zeroes Physics.render for proprio runs).
+  Both subprocesses get MUJOCO_GL=egl. The image's reconstruction loss is
+  `loss/rec_image` on both sides (ours' train/loss/rec_image, the official
+  loss/image). A pixel run's name has `pixels` after the task
+  (cartpole_swingup_pixels_official_s0), its JSON has "pixels": true, and it
+  goes to bench/results/parity/pixels/ (the default --out with --pixels);
+  `compare` loads pixel runs only with --pixels and proprio runs only
+  without it, whatever the folder, so the two never mix.
+
 Each run's JSON (settings, wall time, rows, episode scores) goes to
 bench/results/parity/ (figures, not code; the official source is never
 committed, see bench/official.py for its set-up).
@@ -64,6 +88,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OUT = os.path.join(HERE, 'results', 'parity')
+PIXELS_OUT = os.path.join(OUT, 'pixels')     # pixel runs (--pixels)
 
 # The shared settings (issue 19): one place for both sides.
 SETTINGS = dict(size='size1m', batch_size=16, batch_length=32, train_ratio=128,
@@ -101,8 +126,10 @@ METRICS = {
 
 # --- running -------------------------------------------------------------------
 
-def run_name(side, task, seed, variant='', overrides=(), flags=(), probe=False):
-  parts = [task, side] + ([variant] if side == 'ours' else [])
+def run_name(side, task, seed, variant='', overrides=(), flags=(), probe=False,
+             pixels=False):
+  parts = [task] + (['pixels'] if pixels else []) + [side]
+  parts += [variant] if side == 'ours' else []
   parts += [o.replace('=', '-') for o in overrides]
   parts += [flag_tag(f) for f in flags] + (['probe'] if probe else [])
   return '_'.join(parts + [f's{seed}'])
@@ -124,10 +151,18 @@ def env_steps_for(updates: int) -> int:
   return int(math.ceil(agent)) * s['action_repeat']
 
 
-def official_argv(task, seed, logdir):
+def official_argv(task, seed, logdir, pixels=False):
+  """The official flags. Proprio: its dmc_proprio config (size1m, no image).
+  Pixels: its dmc_vision semantics (env.dmc.proprio False, env.dmc.image True;
+  64x64, camera -1 -> 0 from its defaults) with size1m, the rest equal."""
   s = SETTINGS
-  return [
-      '--configs', 'dmc_proprio', '--task', f'dmc_{task}',
+  if pixels:
+    configs = ['--configs', 'dmc_vision', 'size1m',
+               '--env.dmc.proprio', 'False', '--env.dmc.image', 'True']
+  else:
+    configs = ['--configs', 'dmc_proprio']
+  return configs + [
+      '--task', f'dmc_{task}',
       '--env.dmc.repeat', str(s['action_repeat']), '--run.envs', str(s['num_envs']),
       '--run.train_ratio', str(s['train_ratio']),
       '--batch_size', str(s['batch_size']), '--batch_length', str(s['batch_length']),
@@ -138,7 +173,8 @@ def official_argv(task, seed, logdir):
       '--run.steps', '1e9', '--seed', str(seed), '--logdir', logdir]
 
 
-def ours_argv(task, seed, logdir, updates, variant, overrides, flags=()):
+def ours_argv(task, seed, logdir, updates, variant, overrides, flags=(),
+              pixels=False):
   s = SETTINGS
   argv = [
       f'--task={task}', f'--size={s["size"]}', f'--train_ratio={s["train_ratio"]}',
@@ -154,6 +190,8 @@ def ours_argv(task, seed, logdir, updates, variant, overrides, flags=()):
     name, value = o.split('=', 1)
     fields[name] = value
   argv += [f'--config_overrides={k}={v}' for k, v in fields.items()]
+  if pixels:   # one 64x64 RGB 'image' key and no vector keys (spec 2.10)
+    argv += ['--image', '--noproprio']
   return argv + list(flags)
 
 
@@ -167,8 +205,9 @@ def _read_jsonl(path):
 def run(args) -> str:
   flags = list(getattr(args, 'flag', []))
   probe = bool(getattr(args, 'probe', False))
+  pixels = bool(getattr(args, 'pixels', False))
   name = run_name(args.side, args.task, args.seed, args.variant, args.override, flags,
-                  probe)
+                  probe, pixels)
   logdir = os.path.join(args.workdir, name)
   if os.path.exists(logdir):
     shutil.rmtree(logdir)
@@ -178,16 +217,20 @@ def run(args) -> str:
     rows_path = os.path.join(logdir, 'updates.jsonl')
     cmd = [args.official_python, os.path.join(HERE, 'parity_official.py'),
            f'--src={args.src}', f'--updates={args.updates}', f'--every={ROW_EVERY}',
-           f'--out={rows_path}', f'--repeat={SETTINGS["action_repeat"]}', '--',
-           *official_argv(args.task, args.seed, os.path.join(logdir, 'run'))]
+           f'--out={rows_path}', f'--repeat={SETTINGS["action_repeat"]}',
+           *(['--pixels'] if pixels else []), '--',
+           *official_argv(args.task, args.seed, os.path.join(logdir, 'run'), pixels)]
   else:
     script = (os.path.join(HERE, 'parity_probe.py') if probe
               else os.path.join(ROOT, 'experiments', 'run_dmc.py'))
     cmd = [sys.executable, script,
            *ours_argv(args.task, args.seed, os.path.join(logdir, 'run'),
-                      args.updates, args.variant, args.override, flags)]
+                      args.updates, args.variant, args.override, flags, pixels)]
+  env = dict(os.environ)
+  if pixels:   # both sides render with MuJoCo EGL
+    env['MUJOCO_GL'] = 'egl'
   with open(os.path.join(logdir, 'console.txt'), 'w') as console:
-    proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT)
+    proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, env=env)
   wall = time.time() - t0
   if proc.returncode != 0:
     raise SystemExit(f'{name}: exit {proc.returncode}; see {logdir}/console.txt')
@@ -218,7 +261,7 @@ def run(args) -> str:
       'side': args.side, 'task': args.task, 'seed': args.seed,
       'variant': args.variant if args.side == 'ours' else 'official',
       'overrides': list(args.override), 'flags': flags, 'probe': probe,
-      'updates': args.updates,
+      'pixels': pixels, 'updates': args.updates,
       'settings': SETTINGS, 'row_every': ROW_EVERY, 'wall_s': round(wall, 1),
       'host_load_1m_at_end': os.getloadavg()[0],
       'command': ' '.join(cmd), 'rows': rows, 'scores': scores,
@@ -302,8 +345,10 @@ def score_bins(result, length: int) -> np.ndarray:
   return out
 
 
-def load(out, task, length):
-  """{variant key: [run, ...]} of the runs of `task` that reach `length`.
+def load(out, task, length, pixels=False):
+  """{variant key: [run, ...]} of the runs of `task` that reach `length`,
+  pixel runs only where `pixels`, else proprio runs only (never mixed; a
+  JSON without the field is a proprio run).
 
   A `--probe` run (bench/parity_probe.py) trains with the same functions of
   the same inputs and only logs more, so it counts as a seed of its variant;
@@ -313,7 +358,7 @@ def load(out, task, length):
   for path in sorted(glob.glob(os.path.join(out, f'{task}_*.json'))):
     with open(path) as f:
       r = json.load(f)
-    if r['updates'] < length:
+    if r['updates'] < length or bool(r.get('pixels', False)) != pixels:
       continue
     key = 'official' if r['side'] == 'official' else '_'.join(
         [r['variant']] + [o.replace('=', '-') for o in r['overrides']]
@@ -372,9 +417,15 @@ def holm(pvalues) -> np.ndarray:
 
 
 def compare(args):
-  runs = load(args.out, args.task, args.length)
+  pixels = bool(getattr(args, 'pixels', False))
+  runs = load(args.out, args.task, args.length, pixels)
+  kind = 'pixel' if pixels else 'proprio'
   if 'official' not in runs:
-    raise SystemExit(f'no official runs of {args.task} to {args.length} updates in {args.out}')
+    raise SystemExit(f'no official {kind} runs of {args.task} to {args.length} '
+                     f'updates in {args.out}')
+  if args.ours not in runs:
+    raise SystemExit(f'no {kind} runs of ours ({args.ours}) of {args.task} to '
+                     f'{args.length} updates in {args.out}')
   nb = args.length // BIN
   centers = (np.arange(nb) + 1) * BIN          # window end (updates)
   data = {}
@@ -388,7 +439,8 @@ def compare(args):
   names = [n for n in off if n in data.get(args.ours, {})
            and not n.startswith(('pos/', 'data/'))]
   checks = [i for i in range(nb) if centers[i] % CHECK_EVERY == 0]
-  report = {'task': args.task, 'length': args.length, 'ours': args.ours,
+  report = {'task': args.task, 'pixels': pixels, 'length': args.length,
+            'ours': args.ours,
             'seeds': {k: len(v) for k, v in runs.items()},
             'wall_s': {k: [r['wall_s'] for r in v] for k, v in runs.items()},
             'metrics': {}}
@@ -412,7 +464,7 @@ def compare(args):
                 for i in checks if not lo[i] <= ours[i] <= hi[i]]
   report['outside'] = outside
   report['stats'] = holm_family(report['metrics'])
-  tag = f'{args.task}_{args.ours}_{args.length}'
+  tag = f'{args.task}{"_pixels" if pixels else ""}_{args.ours}_{args.length}'
   with open(os.path.join(args.out, f'compare_{tag}.json'), 'w') as f:
     json.dump(report, f, indent=1)
   print(table(report, args.table_at))
@@ -428,7 +480,8 @@ def compare(args):
   for n, u, p, ph in st['significant']:
     print(f'  {n} @ {u}: p {p:.3g}, Holm {ph:.3g}')
   plot(data, names, centers, args.ours,
-       os.path.join(args.out, f'compare_{tag}.png'), args.task)
+       os.path.join(args.out, f'compare_{tag}.png'),
+       args.task + (' (pixels)' if pixels else ''))
 
 
 def holm_family(metrics: dict) -> dict:
@@ -457,7 +510,7 @@ def _p(p) -> str:
 
 
 def table(report, at) -> str:
-  lines = [f"### {report['task']}: ours ({report['ours']}, "
+  lines = [f"### {report['task']}{' (pixels)' if report.get('pixels') else ''}: ours ({report['ours']}, "
            f"{report['seeds'].get(report['ours'], 0)} seeds) against the official "
            f"({report['seeds']['official']} seeds)", '',
            '| metric | ' + ' | '.join(f'{u} updates: ours / official [min, max] | '
@@ -535,7 +588,7 @@ def suite(args) -> None:
     for seed in args.seeds[:args.variant_seeds]:
       plan.append(('ours', variant, seed))
   for side, variant, seed in plan:
-    name = run_name(side, args.task, seed, variant)
+    name = run_name(side, args.task, seed, variant, pixels=args.pixels)
     path = os.path.join(args.out, name + '.json')
     if os.path.exists(path):
       with open(path) as f:
@@ -545,7 +598,7 @@ def suite(args) -> None:
     run(argparse.Namespace(
         side=side, variant=variant, override=[], flag=[], task=args.task, seed=seed,
         updates=args.updates, official_python=args.official_python,
-        src=args.src, workdir=args.workdir, out=args.out))
+        src=args.src, workdir=args.workdir, out=args.out, pixels=args.pixels))
 
 
 def main(argv=None):
@@ -559,7 +612,14 @@ def main(argv=None):
     parser.add_argument('--official_python', default='/tmp/official/venv/bin/python')
     parser.add_argument('--src', default='/tmp/official/src')
     parser.add_argument('--workdir', default='/tmp/parity')
-    parser.add_argument('--out', default=OUT)
+    parser.add_argument('--out', default=None,
+                        help=f'default {OUT}, or {PIXELS_OUT} with --pixels')
+    pixels_arg(parser)
+
+  def pixels_arg(parser):
+    parser.add_argument('--pixels', action='store_true',
+                        help='train and compare from 64x64 RGB frames only '
+                             '(the official dmc_vision semantics)')
 
   r = sub.add_parser('run')
   training_args(r)
@@ -584,8 +644,12 @@ def main(argv=None):
   c.add_argument('--length', type=int, default=3000)
   c.add_argument('--ours', default='official_oq', help='variant key of ours')
   c.add_argument('--table_at', type=int, nargs='+', default=[1000, 3000])
-  c.add_argument('--out', default=OUT)
+  c.add_argument('--out', default=None,
+                 help=f'default {OUT}, or {PIXELS_OUT} with --pixels')
+  pixels_arg(c)
   args = p.parse_args(argv)
+  if args.out is None:
+    args.out = PIXELS_OUT if args.pixels else OUT
   if args.cmd == 'run':
     if args.side == 'official' and (args.variant != 'official_oq' or args.override
                                     or args.flag or args.probe):

@@ -176,3 +176,49 @@ def test_parity_load_counts_a_probe_run_as_its_variants_seed_once(tmp_path):
   assert sorted(runs) == ['official', 'official_oq', 'official_oq_lr-1']
   assert [r['seed'] for r in runs['official']] == [0]
   assert [(r['seed'], r['probe']) for r in runs['official_oq']] == [(0, False), (2, True)]
+
+
+def test_parity_pixel_runs_are_named_built_and_loaded_apart(tmp_path):
+  """bench/parity.py --pixels: a pixel run is named apart, trains from the
+  image only on both sides (ours --image --noproprio; the official
+  dmc_vision semantics at size1m), and `load` never mixes pixel and proprio
+  runs (a JSON without 'pixels' is a proprio run)."""
+  import json
+  from bench import parity
+  assert (parity.run_name('official', 'cartpole_swingup', 0, pixels=True)
+          == 'cartpole_swingup_pixels_official_s0')
+  assert (parity.run_name('ours', 'cartpole_swingup', 1, 'official_oq', pixels=True)
+          == 'cartpole_swingup_pixels_ours_official_oq_s1')
+  assert parity.run_name('ours', 'x', 0, 'defaults') == 'x_ours_defaults_s0'
+
+  ours = parity.ours_argv('cartpole_swingup', 0, '/tmp/l', 60, 'official_oq', [],
+                          pixels=True)
+  assert '--image' in ours and '--noproprio' in ours
+  assert '--image' not in parity.ours_argv('cartpole_swingup', 0, '/tmp/l', 60,
+                                           'official_oq', [])
+  off = parity.official_argv('cartpole_swingup', 0, '/tmp/l', pixels=True)
+  configs = off[off.index('--configs') + 1:off.index('--configs') + 3]
+  assert configs == ['dmc_vision', 'size1m']
+  assert off[off.index('--env.dmc.proprio') + 1] == 'False'
+  assert off[off.index('--env.dmc.image') + 1] == 'True'
+  plain = parity.official_argv('cartpole_swingup', 0, '/tmp/l')
+  assert plain[plain.index('--configs') + 1] == 'dmc_proprio'
+  assert '--env.dmc.proprio' not in plain
+  # equal settings otherwise
+  assert off[off.index('--task'):] == plain[plain.index('--task'):]
+
+  def write(name, side, pixels=None):
+    r = {'side': side, 'seed': 0, 'variant': 'official_oq', 'updates': 1500,
+         'overrides': [], 'flags': [], 'probe': False, 'rows': []}
+    if pixels is not None:
+      r['pixels'] = pixels
+    (tmp_path / f'{name}.json').write_text(json.dumps(r))
+
+  write('cartpole_swingup_official_s0', 'official')            # older proprio JSON
+  write('cartpole_swingup_ours_official_oq_s0', 'ours', False)
+  write('cartpole_swingup_pixels_official_s0', 'official', True)
+  write('cartpole_swingup_pixels_ours_official_oq_s0', 'ours', True)
+  for pixels in (False, True):
+    runs = parity.load(str(tmp_path), 'cartpole_swingup', 1500, pixels)
+    assert sorted(runs) == ['official', 'official_oq']
+    assert all(r.get('pixels', False) == pixels for rs in runs.values() for r in rs)
