@@ -65,6 +65,11 @@ semantics, at the same SETTINGS otherwise (size1m, ratio 128, repeat 2, ...):
   `compare` loads pixel runs only with --pixels and proprio runs only
   without it, whatever the folder, so the two never mix.
 
+--updates must be a multiple of ROW_EVERY (ours writes a row every 50
+updates only). To smoke-test the pipeline on tiny runs, `compare --bin=50
+--check_every=50 --length=50` checks 50-update windows instead of the
+250 / 500 defaults (the acceptance rows are only meaningful at the defaults).
+
 Each run's JSON (settings, wall time, rows, episode scores) goes to
 bench/results/parity/ (figures, not code; the official source is never
 committed, see bench/official.py for its set-up).
@@ -305,13 +310,13 @@ def canonical_rows(result) -> List[Dict[str, float]]:
   return out
 
 
-def binned(result, length: int) -> Dict[str, np.ndarray]:
+def binned(result, length: int, bin_: int = BIN) -> Dict[str, np.ndarray]:
   """Means per BIN-update window (weighted by each row's update count):
   {metric: [length // BIN]} with NaN where the window has no rows."""
-  nbins = length // BIN
+  nbins = length // bin_
   sums, weights = {}, {}
   for row in canonical_rows(result):
-    b = (row['updates'] - 1) // BIN
+    b = (row['updates'] - 1) // bin_
     if b >= nbins:
       continue
     for k, v in row.items():
@@ -323,7 +328,8 @@ def binned(result, length: int) -> Dict[str, np.ndarray]:
           for k in sums}
 
 
-def score_bins(result, length: int) -> np.ndarray:
+def score_bins(result, length: int, bin_: int = BIN,
+               check_every: int = CHECK_EVERY) -> np.ndarray:
   """Mean training-episode score per BIN-update row, over the episodes that
   ended in the CHECK_EVERY updates up to the row's end (a 1000-step episode
   ends every ~500 updates per env at these settings, so a BIN-wide window
@@ -332,14 +338,14 @@ def score_bins(result, length: int) -> np.ndarray:
   s = SETTINGS
   bt = s['batch_size'] * s['batch_length']
   fill = bt + s['num_envs'] * s['batch_length']
-  nbins = length // BIN
+  nbins = length // bin_
   upd = np.array([max(0.0, (ep['env_step'] / s['action_repeat'] - fill)
                       * s['train_ratio'] / bt) for ep in result['scores']])
   score = np.array([ep['score'] for ep in result['scores']])
   out = np.full(nbins, np.nan)
   for i in range(nbins):
-    end = (i + 1) * BIN
-    sel = (upd > end - CHECK_EVERY) & (upd <= end)
+    end = (i + 1) * bin_
+    sel = (upd > end - check_every) & (upd <= end)
     if sel.any():
       out[i] = score[sel].mean()
   return out
@@ -426,21 +432,26 @@ def compare(args):
   if args.ours not in runs:
     raise SystemExit(f'no {kind} runs of ours ({args.ours}) of {args.task} to '
                      f'{args.length} updates in {args.out}')
-  nb = args.length // BIN
-  centers = (np.arange(nb) + 1) * BIN          # window end (updates)
+  bin_, every = getattr(args, 'bin', BIN), getattr(args, 'check_every', CHECK_EVERY)
+  if bin_ <= 0 or every % bin_ or args.length < every:
+    raise SystemExit(f'--bin {bin_} must divide --check_every {every}, and '
+                     f'--length {args.length} reach it')
+  nb = args.length // bin_
+  centers = (np.arange(nb) + 1) * bin_         # window end (updates)
   data = {}
   for key, rs in runs.items():
-    per_seed = [binned(r, args.length) for r in rs]
+    per_seed = [binned(r, args.length, bin_) for r in rs]
     names = sorted(set.intersection(*[set(p) for p in per_seed]))
     data[key] = {n: np.stack([p[n] for p in per_seed]) for n in names}
-    data[key]['score'] = np.stack([score_bins(r, args.length) for r in rs])
+    data[key]['score'] = np.stack([score_bins(r, args.length, bin_, every)
+                                   for r in rs])
   off = data['official']
   # Probes (pos/..., data/...) are diagnostics, not checks.
   names = [n for n in off if n in data.get(args.ours, {})
            and not n.startswith(('pos/', 'data/'))]
-  checks = [i for i in range(nb) if centers[i] % CHECK_EVERY == 0]
+  checks = [i for i in range(nb) if centers[i] % every == 0]
   report = {'task': args.task, 'pixels': pixels, 'length': args.length,
-            'ours': args.ours,
+            'ours': args.ours, 'bin': bin_, 'check_every': every,
             'seeds': {k: len(v) for k, v in runs.items()},
             'wall_s': {k: [r['wall_s'] for r in v] for k, v in runs.items()},
             'metrics': {}}
@@ -479,7 +490,7 @@ def compare(args):
         f"at alpha {st['alpha']}")
   for n, u, p, ph in st['significant']:
     print(f'  {n} @ {u}: p {p:.3g}, Holm {ph:.3g}')
-  plot(data, names, centers, args.ours,
+  plot(data, names, centers, bin_, args.ours,
        os.path.join(args.out, f'compare_{tag}.png'),
        args.task + (' (pixels)' if pixels else ''))
 
@@ -534,14 +545,14 @@ def table(report, at) -> str:
   return '\n'.join(lines)
 
 
-def plot(data, names, centers, ours_key, path, task):
+def plot(data, names, centers, bin_, ours_key, path, task):
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   cols = 4
   rows = int(math.ceil(len(names) / cols))
   fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
-  x = centers - BIN / 2
+  x = centers - bin_ / 2
   others = [k for k in data if k not in ('official', ours_key)]
   for ax, n in zip(axes.flat, names):
     off = data['official'].get(n)
@@ -566,7 +577,7 @@ def plot(data, names, centers, ours_key, path, task):
   for ax in list(axes.flat)[len(names):]:
     ax.axis('off')
   axes.flat[0].legend(fontsize=6)
-  fig.suptitle(f'{task}: per-{BIN}-update means against updates '
+  fig.suptitle(f'{task}: per-{bin_}-update means against updates '
                f'(dotted: acceptance band)', fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=90)
@@ -644,12 +655,19 @@ def main(argv=None):
   c.add_argument('--length', type=int, default=3000)
   c.add_argument('--ours', default='official_oq', help='variant key of ours')
   c.add_argument('--table_at', type=int, nargs='+', default=[1000, 3000])
+  c.add_argument('--bin', type=int, default=BIN,
+                 help='updates per window (smaller only to smoke-test tiny runs)')
+  c.add_argument('--check_every', type=int, default=CHECK_EVERY,
+                 help='updates per acceptance check (a multiple of --bin)')
   c.add_argument('--out', default=None,
                  help=f'default {OUT}, or {PIXELS_OUT} with --pixels')
   pixels_arg(c)
   args = p.parse_args(argv)
   if args.out is None:
     args.out = PIXELS_OUT if args.pixels else OUT
+  if args.cmd in ('run', 'suite') and (args.updates <= 0 or args.updates % ROW_EVERY):
+    # ours logs a row every ROW_EVERY updates only: any other count ends short
+    p.error(f'--updates {args.updates}: expected a positive multiple of {ROW_EVERY}')
   if args.cmd == 'run':
     if args.side == 'official' and (args.variant != 'official_oq' or args.override
                                     or args.flag or args.probe):

@@ -222,3 +222,42 @@ def test_parity_pixel_runs_are_named_built_and_loaded_apart(tmp_path):
     runs = parity.load(str(tmp_path), 'cartpole_swingup', 1500, pixels)
     assert sorted(runs) == ['official', 'official_oq']
     assert all(r.get('pixels', False) == pixels for rs in runs.values() for r in rs)
+
+
+def test_parity_compare_pixels_maps_the_image_loss_on_small_windows(tmp_path):
+  """`compare --pixels` on tiny runs (--bin / --check_every below the
+  defaults, as for a smoke test): ours' train/loss/rec_image and the
+  official loss/image are one metric, loss/rec_image; proprio runs in the
+  same folder are left out; the report says it is a pixel comparison."""
+  import json
+  from bench import parity
+
+  def write(side, seed, pixels, value):
+    key = 'train/loss/rec_image' if side == 'ours' else 'loss/image'
+    if not pixels:
+      key = 'train/loss/rec_position' if side == 'ours' else 'loss/position'
+    rows = [{'updates': u, 'n': 50, 'env_step': 8 * u, key: value + 0.01 * seed}
+            for u in (50, 100)]
+    r = {'side': side, 'task': 'toy', 'seed': seed, 'updates': 100,
+         'variant': 'official_oq' if side == 'ours' else 'official',
+         'overrides': [], 'flags': [], 'probe': False, 'pixels': pixels,
+         'wall_s': 1.0, 'rows': rows, 'scores': []}
+    name = parity.run_name(side, 'toy', seed, 'official_oq', pixels=pixels)
+    (tmp_path / f'{name}.json').write_text(json.dumps(r))
+
+  for seed in (0, 1):
+    write('official', seed, True, 100.0)
+    write('ours', seed, True, 110.0)
+    write('official', seed, False, 1.0)
+    write('ours', seed, False, 1.0)
+  parity.main(['compare', '--task=toy', '--pixels', '--length=100', '--bin=50',
+               '--check_every=100', f'--out={tmp_path}', '--table_at', '100'])
+  with open(tmp_path / 'compare_toy_pixels_official_oq_100.json') as f:
+    report = json.load(f)
+  assert report['pixels'] and report['bin'] == 50 and report['seeds'] == {
+      'official': 2, 'official_oq': 2}
+  rec = report['metrics']['loss/rec_image']
+  assert rec['updates'] == [100]
+  np.testing.assert_allclose(rec['ours_mean'], [110.005])
+  np.testing.assert_allclose(rec['official_mean'], [100.005])
+  assert 'loss/rec_position' not in report['metrics']
