@@ -41,6 +41,35 @@ Variants of ours:
   position-resolved world-model losses (`pos/<loss>/<group>`, also written by
   bench/parity_official.py); `compare` leaves them out of its checks.
 
+Pixels (`--pixels` on run, suite and compare): both sides train from one
+64x64 RGB observation 'image' and no vector keys, the official dmc_vision
+semantics, at the same SETTINGS otherwise (size1m, ratio 128, repeat 2, ...):
+
+  python bench/parity.py suite --task=cartpole_swingup --pixels --seeds 0 1 2 \
+      --updates=1500 --variants
+  python bench/parity.py compare --task=cartpole_swingup --pixels --length=1500 \
+      --table_at 500 1500
+
+  ours      experiments/run_dmc.py --image --noproprio (frames from
+            physics.render with MuJoCo EGL, camera 0 (quadruped 2), after the
+            action repeat; experiments/envs/dmc.py).
+  official  --configs dmc_vision size1m --env.dmc.proprio False
+            --env.dmc.image True (its defaults: size 64x64, camera -1 -> 0),
+            and bench/parity_official.py --pixels keeps dm_control's
+            rendering (it zeroes Physics.render for proprio runs).
+  Both subprocesses get MUJOCO_GL=egl. The image's reconstruction loss is
+  `loss/rec_image` on both sides (ours' train/loss/rec_image, the official
+  loss/image). A pixel run's name has `pixels` after the task
+  (cartpole_swingup_pixels_official_s0), its JSON has "pixels": true, and it
+  goes to bench/results/parity/pixels/ (the default --out with --pixels);
+  `compare` loads pixel runs only with --pixels and proprio runs only
+  without it, whatever the folder, so the two never mix.
+
+--updates must be a multiple of ROW_EVERY (ours writes a row every 50
+updates only). To smoke-test the pipeline on tiny runs, `compare --bin=50
+--check_every=50 --length=50` checks 50-update windows instead of the
+250 / 500 defaults (the acceptance rows are only meaningful at the defaults).
+
 Each run's JSON (settings, wall time, rows, episode scores) goes to
 bench/results/parity/ (figures, not code; the official source is never
 committed, see bench/official.py for its set-up).
@@ -64,6 +93,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OUT = os.path.join(HERE, 'results', 'parity')
+PIXELS_OUT = os.path.join(OUT, 'pixels')     # pixel runs (--pixels)
 
 # The shared settings (issue 19): one place for both sides.
 SETTINGS = dict(size='size1m', batch_size=16, batch_length=32, train_ratio=128,
@@ -101,8 +131,10 @@ METRICS = {
 
 # --- running -------------------------------------------------------------------
 
-def run_name(side, task, seed, variant='', overrides=(), flags=(), probe=False):
-  parts = [task, side] + ([variant] if side == 'ours' else [])
+def run_name(side, task, seed, variant='', overrides=(), flags=(), probe=False,
+             pixels=False):
+  parts = [task] + (['pixels'] if pixels else []) + [side]
+  parts += [variant] if side == 'ours' else []
   parts += [o.replace('=', '-') for o in overrides]
   parts += [flag_tag(f) for f in flags] + (['probe'] if probe else [])
   return '_'.join(parts + [f's{seed}'])
@@ -124,10 +156,18 @@ def env_steps_for(updates: int) -> int:
   return int(math.ceil(agent)) * s['action_repeat']
 
 
-def official_argv(task, seed, logdir):
+def official_argv(task, seed, logdir, pixels=False):
+  """The official flags. Proprio: its dmc_proprio config (size1m, no image).
+  Pixels: its dmc_vision semantics (env.dmc.proprio False, env.dmc.image True;
+  64x64, camera -1 -> 0 from its defaults) with size1m, the rest equal."""
   s = SETTINGS
-  return [
-      '--configs', 'dmc_proprio', '--task', f'dmc_{task}',
+  if pixels:
+    configs = ['--configs', 'dmc_vision', 'size1m',
+               '--env.dmc.proprio', 'False', '--env.dmc.image', 'True']
+  else:
+    configs = ['--configs', 'dmc_proprio']
+  return configs + [
+      '--task', f'dmc_{task}',
       '--env.dmc.repeat', str(s['action_repeat']), '--run.envs', str(s['num_envs']),
       '--run.train_ratio', str(s['train_ratio']),
       '--batch_size', str(s['batch_size']), '--batch_length', str(s['batch_length']),
@@ -138,7 +178,8 @@ def official_argv(task, seed, logdir):
       '--run.steps', '1e9', '--seed', str(seed), '--logdir', logdir]
 
 
-def ours_argv(task, seed, logdir, updates, variant, overrides, flags=()):
+def ours_argv(task, seed, logdir, updates, variant, overrides, flags=(),
+              pixels=False):
   s = SETTINGS
   argv = [
       f'--task={task}', f'--size={s["size"]}', f'--train_ratio={s["train_ratio"]}',
@@ -154,6 +195,8 @@ def ours_argv(task, seed, logdir, updates, variant, overrides, flags=()):
     name, value = o.split('=', 1)
     fields[name] = value
   argv += [f'--config_overrides={k}={v}' for k, v in fields.items()]
+  if pixels:   # one 64x64 RGB 'image' key and no vector keys (spec 2.10)
+    argv += ['--image', '--noproprio']
   return argv + list(flags)
 
 
@@ -167,8 +210,9 @@ def _read_jsonl(path):
 def run(args) -> str:
   flags = list(getattr(args, 'flag', []))
   probe = bool(getattr(args, 'probe', False))
+  pixels = bool(getattr(args, 'pixels', False))
   name = run_name(args.side, args.task, args.seed, args.variant, args.override, flags,
-                  probe)
+                  probe, pixels)
   logdir = os.path.join(args.workdir, name)
   if os.path.exists(logdir):
     shutil.rmtree(logdir)
@@ -178,16 +222,20 @@ def run(args) -> str:
     rows_path = os.path.join(logdir, 'updates.jsonl')
     cmd = [args.official_python, os.path.join(HERE, 'parity_official.py'),
            f'--src={args.src}', f'--updates={args.updates}', f'--every={ROW_EVERY}',
-           f'--out={rows_path}', f'--repeat={SETTINGS["action_repeat"]}', '--',
-           *official_argv(args.task, args.seed, os.path.join(logdir, 'run'))]
+           f'--out={rows_path}', f'--repeat={SETTINGS["action_repeat"]}',
+           *(['--pixels'] if pixels else []), '--',
+           *official_argv(args.task, args.seed, os.path.join(logdir, 'run'), pixels)]
   else:
     script = (os.path.join(HERE, 'parity_probe.py') if probe
               else os.path.join(ROOT, 'experiments', 'run_dmc.py'))
     cmd = [sys.executable, script,
            *ours_argv(args.task, args.seed, os.path.join(logdir, 'run'),
-                      args.updates, args.variant, args.override, flags)]
+                      args.updates, args.variant, args.override, flags, pixels)]
+  env = dict(os.environ)
+  if pixels:   # both sides render with MuJoCo EGL
+    env['MUJOCO_GL'] = 'egl'
   with open(os.path.join(logdir, 'console.txt'), 'w') as console:
-    proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT)
+    proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, env=env)
   wall = time.time() - t0
   if proc.returncode != 0:
     raise SystemExit(f'{name}: exit {proc.returncode}; see {logdir}/console.txt')
@@ -218,7 +266,7 @@ def run(args) -> str:
       'side': args.side, 'task': args.task, 'seed': args.seed,
       'variant': args.variant if args.side == 'ours' else 'official',
       'overrides': list(args.override), 'flags': flags, 'probe': probe,
-      'updates': args.updates,
+      'pixels': pixels, 'updates': args.updates,
       'settings': SETTINGS, 'row_every': ROW_EVERY, 'wall_s': round(wall, 1),
       'host_load_1m_at_end': os.getloadavg()[0],
       'command': ' '.join(cmd), 'rows': rows, 'scores': scores,
@@ -262,13 +310,13 @@ def canonical_rows(result) -> List[Dict[str, float]]:
   return out
 
 
-def binned(result, length: int) -> Dict[str, np.ndarray]:
+def binned(result, length: int, bin_: int = BIN) -> Dict[str, np.ndarray]:
   """Means per BIN-update window (weighted by each row's update count):
   {metric: [length // BIN]} with NaN where the window has no rows."""
-  nbins = length // BIN
+  nbins = length // bin_
   sums, weights = {}, {}
   for row in canonical_rows(result):
-    b = (row['updates'] - 1) // BIN
+    b = (row['updates'] - 1) // bin_
     if b >= nbins:
       continue
     for k, v in row.items():
@@ -280,7 +328,8 @@ def binned(result, length: int) -> Dict[str, np.ndarray]:
           for k in sums}
 
 
-def score_bins(result, length: int) -> np.ndarray:
+def score_bins(result, length: int, bin_: int = BIN,
+               check_every: int = CHECK_EVERY) -> np.ndarray:
   """Mean training-episode score per BIN-update row, over the episodes that
   ended in the CHECK_EVERY updates up to the row's end (a 1000-step episode
   ends every ~500 updates per env at these settings, so a BIN-wide window
@@ -289,21 +338,23 @@ def score_bins(result, length: int) -> np.ndarray:
   s = SETTINGS
   bt = s['batch_size'] * s['batch_length']
   fill = bt + s['num_envs'] * s['batch_length']
-  nbins = length // BIN
+  nbins = length // bin_
   upd = np.array([max(0.0, (ep['env_step'] / s['action_repeat'] - fill)
                       * s['train_ratio'] / bt) for ep in result['scores']])
   score = np.array([ep['score'] for ep in result['scores']])
   out = np.full(nbins, np.nan)
   for i in range(nbins):
-    end = (i + 1) * BIN
-    sel = (upd > end - CHECK_EVERY) & (upd <= end)
+    end = (i + 1) * bin_
+    sel = (upd > end - check_every) & (upd <= end)
     if sel.any():
       out[i] = score[sel].mean()
   return out
 
 
-def load(out, task, length):
-  """{variant key: [run, ...]} of the runs of `task` that reach `length`.
+def load(out, task, length, pixels=False):
+  """{variant key: [run, ...]} of the runs of `task` that reach `length`,
+  pixel runs only where `pixels`, else proprio runs only (never mixed; a
+  JSON without the field is a proprio run).
 
   A `--probe` run (bench/parity_probe.py) trains with the same functions of
   the same inputs and only logs more, so it counts as a seed of its variant;
@@ -313,7 +364,7 @@ def load(out, task, length):
   for path in sorted(glob.glob(os.path.join(out, f'{task}_*.json'))):
     with open(path) as f:
       r = json.load(f)
-    if r['updates'] < length:
+    if r['updates'] < length or bool(r.get('pixels', False)) != pixels:
       continue
     key = 'official' if r['side'] == 'official' else '_'.join(
         [r['variant']] + [o.replace('=', '-') for o in r['overrides']]
@@ -372,23 +423,35 @@ def holm(pvalues) -> np.ndarray:
 
 
 def compare(args):
-  runs = load(args.out, args.task, args.length)
+  pixels = bool(getattr(args, 'pixels', False))
+  runs = load(args.out, args.task, args.length, pixels)
+  kind = 'pixel' if pixels else 'proprio'
   if 'official' not in runs:
-    raise SystemExit(f'no official runs of {args.task} to {args.length} updates in {args.out}')
-  nb = args.length // BIN
-  centers = (np.arange(nb) + 1) * BIN          # window end (updates)
+    raise SystemExit(f'no official {kind} runs of {args.task} to {args.length} '
+                     f'updates in {args.out}')
+  if args.ours not in runs:
+    raise SystemExit(f'no {kind} runs of ours ({args.ours}) of {args.task} to '
+                     f'{args.length} updates in {args.out}')
+  bin_, every = getattr(args, 'bin', BIN), getattr(args, 'check_every', CHECK_EVERY)
+  if bin_ <= 0 or every % bin_ or args.length < every:
+    raise SystemExit(f'--bin {bin_} must divide --check_every {every}, and '
+                     f'--length {args.length} reach it')
+  nb = args.length // bin_
+  centers = (np.arange(nb) + 1) * bin_         # window end (updates)
   data = {}
   for key, rs in runs.items():
-    per_seed = [binned(r, args.length) for r in rs]
+    per_seed = [binned(r, args.length, bin_) for r in rs]
     names = sorted(set.intersection(*[set(p) for p in per_seed]))
     data[key] = {n: np.stack([p[n] for p in per_seed]) for n in names}
-    data[key]['score'] = np.stack([score_bins(r, args.length) for r in rs])
+    data[key]['score'] = np.stack([score_bins(r, args.length, bin_, every)
+                                   for r in rs])
   off = data['official']
   # Probes (pos/..., data/...) are diagnostics, not checks.
   names = [n for n in off if n in data.get(args.ours, {})
            and not n.startswith(('pos/', 'data/'))]
-  checks = [i for i in range(nb) if centers[i] % CHECK_EVERY == 0]
-  report = {'task': args.task, 'length': args.length, 'ours': args.ours,
+  checks = [i for i in range(nb) if centers[i] % every == 0]
+  report = {'task': args.task, 'pixels': pixels, 'length': args.length,
+            'ours': args.ours, 'bin': bin_, 'check_every': every,
             'seeds': {k: len(v) for k, v in runs.items()},
             'wall_s': {k: [r['wall_s'] for r in v] for k, v in runs.items()},
             'metrics': {}}
@@ -412,7 +475,7 @@ def compare(args):
                 for i in checks if not lo[i] <= ours[i] <= hi[i]]
   report['outside'] = outside
   report['stats'] = holm_family(report['metrics'])
-  tag = f'{args.task}_{args.ours}_{args.length}'
+  tag = f'{args.task}{"_pixels" if pixels else ""}_{args.ours}_{args.length}'
   with open(os.path.join(args.out, f'compare_{tag}.json'), 'w') as f:
     json.dump(report, f, indent=1)
   print(table(report, args.table_at))
@@ -427,8 +490,9 @@ def compare(args):
         f"at alpha {st['alpha']}")
   for n, u, p, ph in st['significant']:
     print(f'  {n} @ {u}: p {p:.3g}, Holm {ph:.3g}')
-  plot(data, names, centers, args.ours,
-       os.path.join(args.out, f'compare_{tag}.png'), args.task)
+  plot(data, names, centers, bin_, args.ours,
+       os.path.join(args.out, f'compare_{tag}.png'),
+       args.task + (' (pixels)' if pixels else ''))
 
 
 def holm_family(metrics: dict) -> dict:
@@ -457,7 +521,7 @@ def _p(p) -> str:
 
 
 def table(report, at) -> str:
-  lines = [f"### {report['task']}: ours ({report['ours']}, "
+  lines = [f"### {report['task']}{' (pixels)' if report.get('pixels') else ''}: ours ({report['ours']}, "
            f"{report['seeds'].get(report['ours'], 0)} seeds) against the official "
            f"({report['seeds']['official']} seeds)", '',
            '| metric | ' + ' | '.join(f'{u} updates: ours / official [min, max] | '
@@ -481,14 +545,14 @@ def table(report, at) -> str:
   return '\n'.join(lines)
 
 
-def plot(data, names, centers, ours_key, path, task):
+def plot(data, names, centers, bin_, ours_key, path, task):
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   cols = 4
   rows = int(math.ceil(len(names) / cols))
   fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
-  x = centers - BIN / 2
+  x = centers - bin_ / 2
   others = [k for k in data if k not in ('official', ours_key)]
   for ax, n in zip(axes.flat, names):
     off = data['official'].get(n)
@@ -513,7 +577,7 @@ def plot(data, names, centers, ours_key, path, task):
   for ax in list(axes.flat)[len(names):]:
     ax.axis('off')
   axes.flat[0].legend(fontsize=6)
-  fig.suptitle(f'{task}: per-{BIN}-update means against updates '
+  fig.suptitle(f'{task}: per-{bin_}-update means against updates '
                f'(dotted: acceptance band)', fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=90)
@@ -535,7 +599,7 @@ def suite(args) -> None:
     for seed in args.seeds[:args.variant_seeds]:
       plan.append(('ours', variant, seed))
   for side, variant, seed in plan:
-    name = run_name(side, args.task, seed, variant)
+    name = run_name(side, args.task, seed, variant, pixels=args.pixels)
     path = os.path.join(args.out, name + '.json')
     if os.path.exists(path):
       with open(path) as f:
@@ -545,7 +609,7 @@ def suite(args) -> None:
     run(argparse.Namespace(
         side=side, variant=variant, override=[], flag=[], task=args.task, seed=seed,
         updates=args.updates, official_python=args.official_python,
-        src=args.src, workdir=args.workdir, out=args.out))
+        src=args.src, workdir=args.workdir, out=args.out, pixels=args.pixels))
 
 
 def main(argv=None):
@@ -559,7 +623,14 @@ def main(argv=None):
     parser.add_argument('--official_python', default='/tmp/official/venv/bin/python')
     parser.add_argument('--src', default='/tmp/official/src')
     parser.add_argument('--workdir', default='/tmp/parity')
-    parser.add_argument('--out', default=OUT)
+    parser.add_argument('--out', default=None,
+                        help=f'default {OUT}, or {PIXELS_OUT} with --pixels')
+    pixels_arg(parser)
+
+  def pixels_arg(parser):
+    parser.add_argument('--pixels', action='store_true',
+                        help='train and compare from 64x64 RGB frames only '
+                             '(the official dmc_vision semantics)')
 
   r = sub.add_parser('run')
   training_args(r)
@@ -584,8 +655,19 @@ def main(argv=None):
   c.add_argument('--length', type=int, default=3000)
   c.add_argument('--ours', default='official_oq', help='variant key of ours')
   c.add_argument('--table_at', type=int, nargs='+', default=[1000, 3000])
-  c.add_argument('--out', default=OUT)
+  c.add_argument('--bin', type=int, default=BIN,
+                 help='updates per window (smaller only to smoke-test tiny runs)')
+  c.add_argument('--check_every', type=int, default=CHECK_EVERY,
+                 help='updates per acceptance check (a multiple of --bin)')
+  c.add_argument('--out', default=None,
+                 help=f'default {OUT}, or {PIXELS_OUT} with --pixels')
+  pixels_arg(c)
   args = p.parse_args(argv)
+  if args.out is None:
+    args.out = PIXELS_OUT if args.pixels else OUT
+  if args.cmd in ('run', 'suite') and (args.updates <= 0 or args.updates % ROW_EVERY):
+    # ours logs a row every ROW_EVERY updates only: any other count ends short
+    p.error(f'--updates {args.updates}: expected a positive multiple of {ROW_EVERY}')
   if args.cmd == 'run':
     if args.side == 'official' and (args.variant != 'official_oq' or args.override
                                     or args.flag or args.probe):

@@ -23,13 +23,16 @@ wrappers that change nothing the agent computes:
   (its `ret` metric is (R - lo) / S) can be compared.
 - dm_control's `Physics.render` returns zeros: the official DMC env renders a
   64x64 `log/image` every step even for proprio tasks (only logged, never
-  trained on), and rendering would dominate the run on a CPU.
+  trained on), and rendering would dominate the run on a CPU. Not with
+  `--pixels` (its dmc_vision semantics, env.dmc.image True: the frames are
+  the observation): then it renders with MuJoCo EGL (MUJOCO_GL=egl).
 - the logger is kept so that its `scores.jsonl` is flushed before the process
   ends at exactly `--updates` updates.
 - `Agent.loss` is wrapped to add position-resolved means of the world-model
-  losses (issue 32): `pos/<loss>/<group>`, the mean of that loss over the
-  trained window positions of the group (POS_GROUPS: t0 is the first trained
-  step after the replay context, t16-31 the last half of a T = 32 window).
+  losses (issue 32): `pos/<loss>/<group>`, the mean of that loss (dyn, rew,
+  con, each vector and image key) over the trained window positions of the
+  group (POS_GROUPS: t0 is the first trained step after the replay context,
+  t16-31 the last half of a T = 32 window).
   Also `data/<key>`: means over the trained steps of each observation key,
   the reward, is_first and |a_{t-1}| (what the batch holds).
   Extra metrics only; nothing the loss or the update computes changes.
@@ -55,6 +58,8 @@ def parse():
   p.add_argument('--out', required=True, help='JSONL of windowed means')
   p.add_argument('--repeat', type=int, default=2,
                  help='action repeat: the env step is agent steps x repeat')
+  p.add_argument('--pixels', action='store_true',
+                 help='image observations: keep dm_control rendering (EGL)')
   return p.parse_known_args()
 
 
@@ -82,10 +87,11 @@ def install_probe():
     total, (carry, entries, outs, metrics) = loss(self, carry, obs, prevact, training)
     losses = outs['losses']
     T = obs['is_first'].shape[1]
+    obskeys = list(self.dec.veckeys) + list(self.dec.imgkeys)
     keys = [k for k, v in losses.items()
-            if (k in ('dyn', 'rew', 'con') or k in self.dec.veckeys)
+            if (k in ('dyn', 'rew', 'con') or k in obskeys)
             and v.shape[1:] == (T,)]
-    data = {f'data/{k}': obs[k].mean() for k in self.dec.veckeys}
+    data = {f'data/{k}': obs[k].mean() for k in obskeys}
     data['data/reward'] = obs['reward'].mean()
     data['data/is_first'] = obs['is_first'].astype('float32').mean()
     data['data/action_abs'] = abs(prevact['action']).mean()
@@ -143,12 +149,16 @@ def main():
   sys.path.insert(0, src)
   os.environ.setdefault('MUJOCO_GL', 'egl')
 
-  from dm_control import mujoco as dm_mujoco
+  if not args.pixels:
+    from dm_control import mujoco as dm_mujoco
 
-  def render(self, height=240, width=320, *a, **k):
-    del self, a, k
-    return np.zeros((height, width, 3), np.uint8)
-  dm_mujoco.Physics.render = render
+    def render(self, height=240, width=320, *a, **k):
+      del self, a, k
+      return np.zeros((height, width, 3), np.uint8)
+    dm_mujoco.Physics.render = render
+  elif os.environ['MUJOCO_GL'] != 'egl':
+    sys.exit(f'--pixels renders with MuJoCo EGL; MUJOCO_GL is '
+             f'{os.environ["MUJOCO_GL"]!r}')
 
   import embodied.jax.agent as jax_agent
   from dreamerv3 import main as official

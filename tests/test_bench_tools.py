@@ -176,3 +176,88 @@ def test_parity_load_counts_a_probe_run_as_its_variants_seed_once(tmp_path):
   assert sorted(runs) == ['official', 'official_oq', 'official_oq_lr-1']
   assert [r['seed'] for r in runs['official']] == [0]
   assert [(r['seed'], r['probe']) for r in runs['official_oq']] == [(0, False), (2, True)]
+
+
+def test_parity_pixel_runs_are_named_built_and_loaded_apart(tmp_path):
+  """bench/parity.py --pixels: a pixel run is named apart, trains from the
+  image only on both sides (ours --image --noproprio; the official
+  dmc_vision semantics at size1m), and `load` never mixes pixel and proprio
+  runs (a JSON without 'pixels' is a proprio run)."""
+  import json
+  from bench import parity
+  assert (parity.run_name('official', 'cartpole_swingup', 0, pixels=True)
+          == 'cartpole_swingup_pixels_official_s0')
+  assert (parity.run_name('ours', 'cartpole_swingup', 1, 'official_oq', pixels=True)
+          == 'cartpole_swingup_pixels_ours_official_oq_s1')
+  assert parity.run_name('ours', 'x', 0, 'defaults') == 'x_ours_defaults_s0'
+
+  ours = parity.ours_argv('cartpole_swingup', 0, '/tmp/l', 60, 'official_oq', [],
+                          pixels=True)
+  assert '--image' in ours and '--noproprio' in ours
+  assert '--image' not in parity.ours_argv('cartpole_swingup', 0, '/tmp/l', 60,
+                                           'official_oq', [])
+  off = parity.official_argv('cartpole_swingup', 0, '/tmp/l', pixels=True)
+  configs = off[off.index('--configs') + 1:off.index('--configs') + 3]
+  assert configs == ['dmc_vision', 'size1m']
+  assert off[off.index('--env.dmc.proprio') + 1] == 'False'
+  assert off[off.index('--env.dmc.image') + 1] == 'True'
+  plain = parity.official_argv('cartpole_swingup', 0, '/tmp/l')
+  assert plain[plain.index('--configs') + 1] == 'dmc_proprio'
+  assert '--env.dmc.proprio' not in plain
+  # equal settings otherwise
+  assert off[off.index('--task'):] == plain[plain.index('--task'):]
+
+  def write(name, side, pixels=None):
+    r = {'side': side, 'seed': 0, 'variant': 'official_oq', 'updates': 1500,
+         'overrides': [], 'flags': [], 'probe': False, 'rows': []}
+    if pixels is not None:
+      r['pixels'] = pixels
+    (tmp_path / f'{name}.json').write_text(json.dumps(r))
+
+  write('cartpole_swingup_official_s0', 'official')            # older proprio JSON
+  write('cartpole_swingup_ours_official_oq_s0', 'ours', False)
+  write('cartpole_swingup_pixels_official_s0', 'official', True)
+  write('cartpole_swingup_pixels_ours_official_oq_s0', 'ours', True)
+  for pixels in (False, True):
+    runs = parity.load(str(tmp_path), 'cartpole_swingup', 1500, pixels)
+    assert sorted(runs) == ['official', 'official_oq']
+    assert all(r.get('pixels', False) == pixels for rs in runs.values() for r in rs)
+
+
+def test_parity_compare_pixels_maps_the_image_loss_on_small_windows(tmp_path):
+  """`compare --pixels` on tiny runs (--bin / --check_every below the
+  defaults, as for a smoke test): ours' train/loss/rec_image and the
+  official loss/image are one metric, loss/rec_image; proprio runs in the
+  same folder are left out; the report says it is a pixel comparison."""
+  import json
+  from bench import parity
+
+  def write(side, seed, pixels, value):
+    key = 'train/loss/rec_image' if side == 'ours' else 'loss/image'
+    if not pixels:
+      key = 'train/loss/rec_position' if side == 'ours' else 'loss/position'
+    rows = [{'updates': u, 'n': 50, 'env_step': 8 * u, key: value + 0.01 * seed}
+            for u in (50, 100)]
+    r = {'side': side, 'task': 'toy', 'seed': seed, 'updates': 100,
+         'variant': 'official_oq' if side == 'ours' else 'official',
+         'overrides': [], 'flags': [], 'probe': False, 'pixels': pixels,
+         'wall_s': 1.0, 'rows': rows, 'scores': []}
+    name = parity.run_name(side, 'toy', seed, 'official_oq', pixels=pixels)
+    (tmp_path / f'{name}.json').write_text(json.dumps(r))
+
+  for seed in (0, 1):
+    write('official', seed, True, 100.0)
+    write('ours', seed, True, 110.0)
+    write('official', seed, False, 1.0)
+    write('ours', seed, False, 1.0)
+  parity.main(['compare', '--task=toy', '--pixels', '--length=100', '--bin=50',
+               '--check_every=100', f'--out={tmp_path}', '--table_at', '100'])
+  with open(tmp_path / 'compare_toy_pixels_official_oq_100.json') as f:
+    report = json.load(f)
+  assert report['pixels'] and report['bin'] == 50 and report['seeds'] == {
+      'official': 2, 'official_oq': 2}
+  rec = report['metrics']['loss/rec_image']
+  assert rec['updates'] == [100]
+  np.testing.assert_allclose(rec['ours_mean'], [110.005])
+  np.testing.assert_allclose(rec['official_mean'], [100.005])
+  assert 'loss/rec_position' not in report['metrics']
