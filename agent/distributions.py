@@ -160,8 +160,8 @@ def twohot_pred(logits, bins=None):
   differ in their last bit the pair contributes ~0.1. In the first hundreds
   of updates that noise is most of the advantage the actor sees (the
   reference's early |advantage| is ~0.1), and it keeps the policy entropy flat
-  where an exact expectation lets the entropy bonus alone raise it (issue 19,
-  bench/results/parity). The softmax denominator and the sum over the 127
+  where an exact expectation lets the entropy bonus alone raise it
+  (bench/results/parity). The softmax denominator and the sum over the 127
   pairs are GEMV row sums (docs/deviations.md "Same maths, different float
   order"): their order moves the result by a rounding of the result, not of
   the products; a literal jnp.sum form cost 1.13x the size1m update.

@@ -27,7 +27,7 @@ is copied out of the [B, 65, width] buffer into a C-contiguous array of its
 spec dtype (~1.5 ms for [16, 65] at size12m), so batches have the nested
 layout of ``agent.types`` exactly as before.
 
-Invalid items (defence in depth, issue 29): every step that enters through
+Invalid items (defence in depth): every step that enters through
 the adder was checked there, but the Reverb port takes inserts from anyone
 who reaches it. A sampled item whose column has the wrong shape, or a step
 with a problem of ``reverb_tables.step_checks`` (non-finite or implausible

@@ -118,7 +118,7 @@ class Trainer:
     # train_ratio bounds the learner here: after each added transition the
     # schedule's due updates run, each gated on the limiter (agent.local).
     rows = c.batch_size * (2 if run.prefetch else 1)
-    # Persistent skipped updates stop the run (issue 22, spec 4.9).
+    # Persistent skipped updates stop the run (spec 4.9).
     self.health = health.SkipGuard(run.max_skipped_updates, self.logdir,
                                    on_stop=self._write_row)
     self.updates_runner = ScheduledUpdates(

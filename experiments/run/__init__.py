@@ -7,8 +7,8 @@
                 scores.jsonl, the progress line
   env_loop.py   acme's EnvironmentLoop over a VectorEnv, episode observer
   evaluator.py  spec 7.3 evaluation
-  health.py     the persistent-skip rule (stops a diverged run, issue 22)
-  restarts.py   restarts.jsonl, the restart records of a Launchpad run (issue 22)
+  health.py     the persistent-skip rule (stops a diverged run)
+  restarts.py   restarts.jsonl, the restart records of a Launchpad run
 
 Imports point one way: config <- rundir <- metrics <- env_loop <- evaluator,
 rundir <- health, restarts;

@@ -22,7 +22,7 @@ from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
 # Segment r of a run seeds its training envs from seed + SEGMENT_SEED_STRIDE*r;
 # its eval envs add EVAL_SEED_OFFSET; the k-th in-place restart of a
-# Launchpad actor or evaluator node adds RESTART_SEED_STRIDE*k (issue 22).
+# Launchpad actor or evaluator node adds RESTART_SEED_STRIDE*k.
 SEGMENT_SEED_STRIDE = 7919
 EVAL_SEED_OFFSET = 1_000_003
 RESTART_SEED_STRIDE = 104_729
@@ -118,7 +118,7 @@ class RunConfig:
   device ``policy_device`` (``agent.parallel``). Not resume-fixed: a run
   checkpointed with N devices resumes with M.
   max_skipped_updates: consecutive skipped (non-finite) updates after which
-  the run stops (``experiments.run.health.SkipGuard``, issue 22); 0 never.
+  the run stops (``experiments.run.health.SkipGuard``); 0 never.
   replay_value_limit: the largest |value| of a stored observation, and of
   a reward or action without a declared range; the replay refuses (adders)
   and drops (the learner's sampler) steps beyond it

@@ -1,4 +1,4 @@
-"""Long-run health: the persistent-skip rule, once for both layouts (issue 22 part 3).
+"""Long-run health: the persistent-skip rule, once for both layouts.
 
 A non-finite batch, loss or gradient skips the update (``agent.learning``,
 Algorithm J; docs/deviations.md "Non-finite batches"): params, optimizer,

@@ -82,7 +82,7 @@ class LearnerRows(loggers_base.Logger):
   of them) and the global ``learner_steps``; this adds the run's env step and
   appends the row to metrics.jsonl with the metric names of the train rows
   (``train/<name>``). Rows keyed by update count are what
-  ``bench/parity.py`` compares against the official code (issue 19).
+  ``bench/parity.py`` compares against the official code.
   """
 
   def __init__(self, logger_fn: Callable[[], Any],

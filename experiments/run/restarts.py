@@ -1,4 +1,4 @@
-"""Restart records of a run directory (issue 22): ``<logdir>/restarts.jsonl``,
+"""Restart records of a run directory: ``<logdir>/restarts.jsonl``,
 one row per node restart of a Launchpad run (in place or of the program),
 kept across resumes; its line count is the ``run/restarts`` metric."""
 

@@ -13,8 +13,8 @@ One module owns what both layouts write and read (docs/metrics.md):
                      latents.npz, config.json, run_state.json) and
                      reverb/<timestamp>/ (the Reverb checkpoint it references)
   report.png         experiments/tools/report.py output at the end of the run
-  restarts.jsonl     one row per node restart of a Launchpad run (issue 22;
-                     experiments.run.restarts); kept across resumes
+  restarts.jsonl     one row per node restart of a Launchpad run
+                     (experiments.run.restarts); kept across resumes
 
 Checkpoints are atomic (``write_checkpoint``): everything goes into
 ``checkpoints/.tmp-*`` which is renamed to ``ckpt-*``. Reverb's server deletes
@@ -89,7 +89,7 @@ def read_json(path: str) -> Any:
     return json.load(f)
 
 
-# Test-only fault injection (issue 22): with DREAMER_INJECT_WRITE_FAULT=ENOSPC@3
+# Test-only fault injection: with DREAMER_INJECT_WRITE_FAULT=ENOSPC@3
 # (or EIO@1, ...) the 3rd and later ``atomic_write`` calls of this process
 # fail with that errno, as a full or failing disk would.
 FAULT_ENV = 'DREAMER_INJECT_WRITE_FAULT'
@@ -325,7 +325,7 @@ def check_finite_state(learner_state, final: str, logdir: str) -> None:
   ``TrainingState``: params, slow critic, optimizer, return normaliser) is
   finite, naming the first bad leaf and the checkpoint that is kept.
 
-  The guard of issue 22 part 3: a checkpoint never holds non-finite params,
+  The guard: a checkpoint never holds non-finite params,
   so the last checkpoint of a run whose updates diverged is one to resume
   from (``experiments.run.health``; the update itself skips non-finite
   steps, Algorithm J, but a finite step can still overflow the params).

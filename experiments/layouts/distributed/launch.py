@@ -20,7 +20,7 @@ Ctrl-C (or SIGTERM) stops every node; the learner writes a checkpoint first
 (within ``--stop_grace`` seconds). A second Ctrl-C kills at once. The step
 budget stops the program by itself (final checkpoint, final evaluation).
 
-Dead nodes (issue 22, ``supervisor.py``): a dead actor or evaluator is
+Dead nodes (``supervisor.py``): a dead actor or evaluator is
 restarted in place; when any other node dies, this launcher stops the
 program and starts it again from the last complete checkpoint (what
 re-running the command would do), each at most ``--max_restarts`` times.
@@ -178,7 +178,7 @@ def run(prepared) -> Dict[str, Any]:
   """Runs what ``prepare`` returned (a summary when already done) to the
   step budget or a stop signal; returns a summary. When a node that is not
   restarted in place dies, starts the program again from the last complete
-  checkpoint, up to ``--max_restarts`` times (issue 22); RuntimeError past
+  checkpoint, up to ``--max_restarts`` times; RuntimeError past
   that, naming the node. A sealed program (``seal.py``) runs all of that in
   a child in its own network namespace; this process binds the join port
   in the host's network and waits."""

@@ -169,7 +169,7 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
         f'updates, {len(dataset.latent_store)} stored latents')
   rows = late['rows'] = TrainRows(settings, progress, learner, dataset, replay,
                                   synced, actors, join)
-  # Persistent skipped updates stop the run (issue 22, spec 4.9).
+  # Persistent skipped updates stop the run (spec 4.9).
   rows.health = health.SkipGuard(run.max_skipped_updates, run.logdir,
                                  on_stop=rows.write)
   checkpoints = CheckpointCoordinator(settings, progress, learner, dataset,
@@ -209,7 +209,7 @@ def make_actor_node(settings: ProgramSettings, actor_id: int, replay,
                     learner, counter) -> ActorNode:
   """Actor ``actor_id`` over env workers [k n, (k + 1) n): its envs, its
   adder (step ids continuing a resume, moved past the dead process's after
-  an in-place restart, issue 22) and the builder's actor."""
+  an in-place restart) and the builder's actor."""
   import jax
 
   from agent.builder import seed_keys

@@ -63,7 +63,7 @@ class DistributedConfig:
     node's output to ``<logdir>/lp_logs/segment-<n>/<group>/<i>``).
   max_restarts: in-place restarts of each actor / evaluator / join node,
     and restarts of the whole program from its last checkpoint after any
-    other node died (issue 22); 0 stops the run at the first dead node.
+    other node died; 0 stops the run at the first dead node.
   learner_processes: processes of the learner (``jax.distributed``, one per
     host in a multi-host run): the update runs data-parallel over all their
     devices (``agent.parallel``).

@@ -1,4 +1,4 @@
-"""Node restarts of the Launchpad program (issue 22).
+"""Node restarts of the Launchpad program.
 
 A dead actor or evaluator node is restarted in place (``RestartingWorkerManager``);
 any other dead node -- learner, replay, counter, step limiter -- ends the

@@ -1,4 +1,4 @@
-"""Remote actors that join a running program from other hosts (issue 29).
+"""Remote actors that join a running program from other hosts.
 
   service.py  JoinService: the program's node that remote actors talk to,
               and nothing else (authenticated, pickle-free; every step

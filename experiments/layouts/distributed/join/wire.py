@@ -1,4 +1,4 @@
-"""Authenticated, pickle-free messages over one TCP connection (issue 29).
+"""Authenticated, pickle-free messages over one TCP connection.
 
 The join service (``service.py``) and a remote actor (``remote.py``) speak
 this and nothing else. Everything is built from Python's ``hmac``,
