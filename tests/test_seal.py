@@ -32,6 +32,7 @@ from experiments.layouts.distributed.join.service import (
 from experiments.layouts.distributed.settings import DistributedConfig
 from experiments.run import rundir
 from tests import netns as ns
+from tests.test_join import _rows, _wait  # one home for the run-file helpers
 
 # Why this machine cannot seal a program ('' when it can): the tests that
 # need a namespace say so and skip rather than fail on such a kernel.
@@ -236,26 +237,6 @@ print(json.dumps(out))
 '''
 
 
-def _rows(logdir):
-  path = os.path.join(logdir, rundir.METRICS_FILE)
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [r for r in map(json.loads, f) if r.get('kind') == 'train']
-
-
-def _wait(cond, timeout, what, procs):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    value = cond()
-    if value:
-      return value
-    for p in procs:
-      assert p.poll() is None, f'{what}: a process ended early ({p.args})'
-    time.sleep(1.0)
-  raise AssertionError(f'timed out waiting for {what}')
-
-
 def _node_pids(launcher):
   """{group: [pid]} of the program's node processes."""
   out = {}
@@ -392,9 +373,33 @@ def _fails():
 def test_the_sealed_child_returns_its_summary_or_its_error(fresh):
   """A fork, or a new interpreter (what a process that already runs jax
   gets): the body runs in its own network with only lo; its summary comes
-  back, and a ValueError comes back as one."""
-  out = seal.run_sealed(_netns_summary, fresh=fresh)
+  back, and a ValueError comes back as one. The fork is made from a clean
+  interpreter, as the command line makes it: this pytest process may run
+  jax's threads already (earlier tests), and forking it could crash."""
+  if fresh:
+    out = seal.run_sealed(_netns_summary, fresh=True)
+    with pytest.raises(ValueError, match='found in the child') as e:
+      seal.run_sealed(_fails, fresh=True)
+    err = str(e.value)
+  else:
+    script = (
+        'import json\n'
+        'from experiments.layouts.distributed import seal\n'
+        'from tests.test_seal import _netns_summary, _fails\n'
+        'out = seal.run_sealed(_netns_summary, fresh=False)\n'
+        'try:\n'
+        '  seal.run_sealed(_fails, fresh=False)\n'
+        '  err = None\n'
+        'except ValueError as e:\n'
+        '  err = str(e)\n'
+        'print(json.dumps({"out": out, "err": err}))\n')
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, '-c', script], cwd=repo,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, 'PYTHONPATH': repo})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, err = got['out'], got['err']
   assert out['netns'] != os.readlink('/proc/self/ns/net')
   assert out['inside'] and out['interfaces'] == ['lo']
-  with pytest.raises(ValueError, match='found in the child'):
-    seal.run_sealed(_fails, fresh=fresh)
+  assert err is not None and 'found in the child' in err
