@@ -264,7 +264,7 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
   log = open(tmp_path / 'main.log', 'w')
   program = subprocess.Popen(
       [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
-       '--distributed', '--num_actors=1', '--env_steps=6000',
+       '--distributed', '--num_actors=1', '--env_steps=12000',
        '--eval_episodes=0', '--noreport', '--join_slots=1', f'--bind={host}',
        '--stop_grace=20', *smoke_flags],
       cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -282,6 +282,19 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
                                             'actor', 'join', 'limiter'}
                             <= set(g) else None)(_node_pids(program)),
                    120, 'the nodes', procs)
+    # An authorised remote actor joins through the join port and adds env
+    # steps; started now, so that its start-up overlaps the checks below and
+    # the program has not reached its budget before it acts.
+    secret = tmp_path / 'a.secret'
+    secret.write_bytes(open(os.path.join(logdir, 'join.secret'), 'rb').read())
+    os.chmod(secret, 0o600)
+    cmd = [sys.executable, RUN_DMC, '--distributed', f'--join={address}',
+           '--num_envs=1', f'--join_secret_file={secret}']
+    joiner = subprocess.Popen(ns.wrap(cmd) if netns else cmd, cwd=REPO,
+                              stdout=open(tmp_path / 'a.log', 'w'),
+                              stderr=subprocess.STDOUT,
+                              env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+    procs.append(joiner)
     ours = os.readlink('/proc/self/ns/net')
     spaces = {os.readlink(f'/proc/{p}/ns/net') for ps in groups.values()
               for p in ps}
@@ -324,17 +337,6 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
     # The join port speaks the wire protocol (an unauthenticated hello).
     with socket.create_connection((host, join_port), timeout=10) as s:
       assert s.recv(len(wire.MAGIC)) == wire.MAGIC
-    # An authorised remote actor joins through it and adds env steps.
-    secret = tmp_path / 'a.secret'
-    secret.write_bytes(open(os.path.join(logdir, 'join.secret'), 'rb').read())
-    os.chmod(secret, 0o600)
-    cmd = [sys.executable, RUN_DMC, '--distributed', f'--join={address}',
-           '--num_envs=1', f'--join_secret_file={secret}']
-    joiner = subprocess.Popen(ns.wrap(cmd) if netns else cmd, cwd=REPO,
-                              stdout=open(tmp_path / 'a.log', 'w'),
-                              stderr=subprocess.STDOUT,
-                              env={**os.environ, 'PYTHONUNBUFFERED': '1'})
-    procs.append(joiner)
     row = _wait(lambda: next((r for r in reversed(_rows(logdir))
                               if r.get('join/env_steps', 0) > 0), None),
                 300, 'the remote actor\'s env steps', procs)
@@ -354,7 +356,7 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
   text = open(tmp_path / 'main.log').read()
   assert '[run] sealed' in text and 'not sealed' not in text
   last = _rows(logdir)[-1]
-  assert last['env_step'] >= 6000 and last['join/env_steps'] > 0
+  assert last['env_step'] >= 12000 and last['join/env_steps'] > 0
   assert last['env_step'] < 10**6          # no forged count got in
 
 
