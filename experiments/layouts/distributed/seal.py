@@ -346,7 +346,8 @@ def run_sealed(body: Callable[[], Dict[str, Any]],
     import subprocess
     folder = tempfile.mkdtemp(prefix='dreamer-sealed-')    # mode 0700
     job = os.path.join(folder, 'body.pkl')
-    with open(job, 'wb') as f:
+    with os.fdopen(os.open(job, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                   'wb') as f:
       cloudpickle.dump(body, f)
     proc = subprocess.Popen([sys.executable, '-m', __spec__.name, job, tmp],
                             env=_fresh_env())
@@ -411,6 +412,10 @@ def _main(argv) -> int:
 
   def body():
     import cloudpickle
+    from experiments.run.private_files import check_private
+    # The launcher wrote it into a 0700 folder of its own: refuse a file (or
+    # folder) another user could have written before anything is unpickled.
+    check_private(argv[1], secret=True)
     with open(argv[1], 'rb') as f:
       return cloudpickle.load(f)()
   return module._child(body, argv[2])  # noqa: SLF001
