@@ -145,6 +145,24 @@ def _refused(conn, timeout=30.0):
       return header['reason']
 
 
+def _remote_actor_until(spec, num_envs, done, timeout=240):
+  """The real remote actor (``remote.join_program``) with ``num_envs`` envs,
+  in a thread, until ``done()``; then its stop signal. Returns its summary."""
+  stop = threading.Event()
+  box = {}
+  thread = threading.Thread(target=lambda: box.update(
+      remote.join_program(spec.run.logdir, num_envs, stop=stop)), daemon=True)
+  thread.start()
+  deadline = time.monotonic() + timeout
+  while not done():
+    assert thread.is_alive() and time.monotonic() < deadline, box
+    time.sleep(0.5)
+  stop.set()
+  thread.join(60)
+  assert not thread.is_alive()
+  return box
+
+
 def _uniform_size(replay):
   return replay.server_info()[UNIFORM_TABLE].current_size
 
@@ -159,18 +177,9 @@ def test_a_remote_actor_with_the_secret_joins_acts_and_leaves(program):
   before = service.row()
   scores_file = os.path.join(spec.run.logdir, rundir.SCORES_FILE)
   offset = os.path.getsize(scores_file) if os.path.exists(scores_file) else 0
-  stop = threading.Event()
-  box = {}
-  thread = threading.Thread(target=lambda: box.update(
-      remote.join_program(spec.run.logdir, 2, stop=stop)), daemon=True)
-  thread.start()
-  deadline = time.monotonic() + 240
-  while service.row()['join/episodes'] < before['join/episodes'] + 2:
-    assert thread.is_alive() and time.monotonic() < deadline, box
-    time.sleep(0.5)
-  stop.set()
-  thread.join(60)
-  assert not thread.is_alive()
+  box = _remote_actor_until(
+      spec, 2, lambda: service.row()['join/episodes']
+      >= before['join/episodes'] + 2)
   row = service.row()
   assert row['join/actors'] == 0 and row['join/left'] == before['join/left'] + 1
   assert row['join/items'] > before['join/items'] and _uniform_size(replay)
@@ -193,18 +202,8 @@ def test_a_remote_actor_sends_images_through_the_join(tmp_path):
   served = _serve(tmp_path, spaces, image=True)
   spec, service, replay, _ = next(served)
   try:
-    stop = threading.Event()
-    box = {}
-    thread = threading.Thread(target=lambda: box.update(
-        remote.join_program(spec.run.logdir, 1, stop=stop)), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 240
-    while service.row()['join/items'] < 2:
-      assert thread.is_alive() and time.monotonic() < deadline, box
-      time.sleep(0.5)
-    stop.set()
-    thread.join(60)
-    assert not thread.is_alive() and box['steps'] > 0
+    box = _remote_actor_until(spec, 1, lambda: service.row()['join/items'] >= 2)
+    assert box['steps'] > 0
     from reverb_tables.packing import StepLayout
     from agent.types import step_spec
     layout = StepLayout.from_step_spec(step_spec(spaces, spec.config))
