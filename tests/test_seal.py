@@ -12,7 +12,11 @@ and this host's addresses) and from a second one over a veth pair
 (``tests/netns.py``, when this runs as root with `ip`), and a courier
 pickle, a forged ``increment`` and a Reverb client sent to each from here
 reach nothing; the join port answers, and an authorised remote actor joins
-and adds env steps; the run ends at its budget.
+and adds env steps; the run ends at its budget. From inside the program's
+network (a process that entered it with nsenter), windows with reward 1e6
+written straight into both Reverb tables are dropped by the learner's
+sampler and counted, and its return scale stays within what the task's
+rewards allow.
 """
 
 import json
@@ -222,6 +226,47 @@ class Evil:
     return (os.system, (f'echo $PPID >> {self.marker}',))
 
 
+POISON = r'''
+import json, sys
+import numpy as np, reverb
+from reverb_tables.adder import step_layout_from_server
+ports, n = json.loads(sys.argv[1]), int(sys.argv[2])
+for port in ports:          # the replay node's Reverb port, not its courier's
+  r = reverb.Client(f'127.0.0.1:{port}')
+  try:
+    info = r.server_info(timeout=5)
+    break
+  except Exception:
+    continue
+layout = step_layout_from_server(r)
+L = int(info['uniform'].signature['step'].shape[0])
+flat = [np.zeros((L,) + f.shape, f.dtype) for f in layout.fields]
+names = [f.name for f in layout.fields]
+flat[names.index('reward')][:] = 1e6       # finite, and far out of range
+flat[names.index('is_first')][0] = True
+rows = layout.pack(flat, L)
+written = {}
+for table in ('uniform', 'online'):
+  for _ in range(n):
+    with r.trajectory_writer(num_keep_alive_refs=L) as w:
+      for row in rows:
+        w.append({'step': row})
+      w.create_item(table, 1.0, {'step': w.history['step'][-L:]})
+      w.flush(timeout_ms=20000)
+    written[table] = written.get(table, 0) + 1
+print(json.dumps(written))
+'''
+
+
+def _inside(pid, cmd):
+  """``cmd`` run in the network namespace of process ``pid`` (the owner of
+  a user namespace holds every capability in it: no root needed)."""
+  enter = ['nsenter', '-t', str(pid), '-n']
+  if os.getuid() != 0:
+    enter = ['nsenter', '-t', str(pid), '-U', '-n', '--preserve-credentials']
+  return enter + cmd
+
+
 PROBE = r'''
 import socket, sys, json
 host, ports = sys.argv[1], json.loads(sys.argv[2])
@@ -266,7 +311,7 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
       [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
        '--distributed', '--num_actors=1', '--env_steps=12000',
        '--eval_episodes=0', '--noreport', '--join_slots=1', f'--bind={host}',
-       '--stop_grace=20', *smoke_flags],
+       '--stop_grace=20', '--learner_log_every=5', *smoke_flags],
       cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
       env={**os.environ, 'PYTHONUNBUFFERED': '1'}, start_new_session=True)
   procs = [program]
@@ -334,6 +379,13 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
       with pytest.raises(Exception):    # noqa: B017
         reverb.Client(f'127.0.0.1:{p}').server_info(timeout=2)
     assert not marker.exists()
+    # From inside: windows of reward 1e6 written straight into both tables
+    # (the finiteness check alone stored them, and ret_scale went to 4.6e4).
+    out = subprocess.run(_inside(pid, [sys.executable, '-c', POISON,
+                                       json.dumps(checked), '30']),
+                         capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == {'uniform': 30, 'online': 30}
     # The join port speaks the wire protocol (an unauthenticated hello).
     with socket.create_connection((host, join_port), timeout=10) as s:
       assert s.recv(len(wire.MAGIC)) == wire.MAGIC
@@ -358,6 +410,15 @@ def test_a_sealed_program_exposes_only_its_join_port(tmp_path, smoke_flags):
   last = _rows(logdir)[-1]
   assert last['env_step'] >= 12000 and last['join/env_steps'] > 0
   assert last['env_step'] < 10**6          # no forged count got in
+  assert last['replay/dropped_items'] > 0  # the poisoned windows, counted
+  # Rewards of this task are at most 1 per control step, so 2 per agent step
+  # (repeat 2); with the discount 1 - 1/333 (spec 3.6)
+  # no return exceeds 2 * 333, and so neither can the return scale.
+  learner = [r for r in map(json.loads, open(os.path.join(logdir,
+                                                          rundir.METRICS_FILE)))
+             if r.get('kind') == 'learner']
+  assert learner
+  assert max(r['train/ret_scale'] for r in learner) <= 2 * 333
 
 
 def _netns_summary():
