@@ -16,8 +16,18 @@ they receive: docs/security.md), all from this host's network; a sealed
 program's node ports are read inside its namespace. The program must
 still reach its step budget; the learner's rows say what it dropped.
 
+With the secret (a buggy or hostile remote actor): steps whose reward,
+observation or action is 1e30 or float32's largest value, and 100 claims
+that each send a one-step episode of reward 1e30; and, from inside the
+program's network (nsenter, where it is sealed), 50 windows with reward 1e6
+written straight into each Reverb table. At the end: the largest score in
+scores.jsonl and the largest return scale the learner logged
+(``train/ret_scale``, ``--learner_log_every=5``).
+
   python bench/attacks.py --tag=_sealed                 # sealed (default)
   python bench/attacks.py --tag=_off --isolation=off    # as before sealing
+  python bench/attacks.py --tag=_before_4fc64b1 --isolation= \
+      --program_root=/path/to/a/checkout/at/b278ec9^    # before this work
 """
 
 import argparse
@@ -37,8 +47,6 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-RUN_DMC = os.path.join(ROOT, 'experiments', 'run_dmc.py')
-SMOKE = os.path.join(ROOT, 'experiments', 'flags', 'smoke.flags')
 
 
 class Evil:
@@ -76,7 +84,9 @@ def main():
   from experiments.layouts.distributed.addresses import parse_address
   from experiments.layouts.distributed.join import wire
   from experiments.layouts.distributed.secret import read_secret
+  from experiments.layouts.distributed.settings import ProgramSettings
   from reverb_tables.adder import step_layout_from_server
+  from reverb_tables.packing import StepLayout
 
   p = argparse.ArgumentParser()
   p.add_argument('--out_dir', default=os.path.join(HERE, 'results', 'security'))
@@ -84,19 +94,27 @@ def main():
   p.add_argument('--tag', default='', help='suffix of the output files '
                  '(ss_after<tag>.txt, attacks_after<tag>.json)')
   p.add_argument('--isolation', default='auto', help="the program's "
-                 '--isolation; the attacks always come from this network')
+                 '--isolation (empty: no such flag, a checkout from before '
+                 'it); the attacks always come from this network')
+  p.add_argument('--program_root', default=ROOT, help='the checkout whose '
+                 'experiments/run_dmc.py runs the attacked program')
   args = p.parse_args()
+  run_dmc = os.path.join(args.program_root, 'experiments', 'run_dmc.py')
   work = tempfile.mkdtemp(prefix='attacks-')
   logdir = os.path.join(work, 'run')
   marker = os.path.join(work, 'pwned')
+  smoke = os.path.join(args.program_root, 'experiments', 'flags',
+                       'smoke.flags')
   program = subprocess.Popen(
-      [sys.executable, RUN_DMC, f'--flagfile={SMOKE}', f'--logdir={logdir}',
+      [sys.executable, run_dmc, f'--flagfile={smoke}', f'--logdir={logdir}',
        '--distributed', '--num_actors=1', f'--env_steps={args.env_steps}',
        '--eval_episodes=0', '--noreport', '--join_slots=2',
-       '--log_every=200', '--checkpoint_every=30',
-       f'--isolation={args.isolation}'],
+       '--log_every=200', '--checkpoint_every=30', '--learner_log_every=5']
+      + ([f'--isolation={args.isolation}'] if args.isolation else []),
+      cwd=args.program_root,
       stdout=open(os.path.join(work, 'program.log'), 'w'),
-      stderr=subprocess.STDOUT, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+      stderr=subprocess.STDOUT, env={**os.environ, 'PYTHONUNBUFFERED': '1',
+                                     'PYTHONPATH': args.program_root})
   out = {}
   try:
     while not os.path.exists(os.path.join(logdir, 'join.json')):
@@ -166,6 +184,56 @@ def main():
       return f'connection closed: {conn.sock.recv(1) == b""}'
     attempt('join service: 1 GiB frame', oversized)
 
+    def step_arrays(t, k, **edits):
+      """The k-th step of a one-env claim: an episode start at k = 0,
+      reward 0.5 after it; ``edits`` set (name, value) on top."""
+      settings = ProgramSettings.from_json(t['settings'])
+      layout = StepLayout.from_step_spec(settings.builder.step_spec)
+      flat = {f.name: np.zeros((1,) + f.shape, f.dtype) for f in layout.fields}
+      flat['is_first'][:] = k == 0
+      flat['reward'][:] = 0.0 if k == 0 else 0.5
+      flat['step_id'][:, 0] = t['offset']
+      flat['step_id'][:, 1] = t['index_base'] + k
+      for name, value in edits.items():
+        flat[name.replace('__', '/')].flat[0] = value
+      return [flat[n] for n in t['names']]
+
+    def send_steps(conn, t, arrays):
+      conn.send({'type': 'steps', 'claim': t['claim'], 'token': t['token'],
+                 'names': t['names']}, arrays)
+      return conn.recv()[0]
+
+    big = float(np.finfo(np.float32).max)
+    for what, edit in (('reward 1e30', {'reward': 1e30}),
+                       ('reward float32 max', {'reward': big}),
+                       ('observation 1e30', {'observation__position': 1e30}),
+                       ('observation float32 max',
+                        {'observation__velocity': big}),
+                       ('action 1e30', {'action': 1e30}),
+                       ('action float32 max', {'action': big})):
+      def implausible(edit=edit):
+        conn, t = claimed()
+        first = send_steps(conn, t, step_arrays(t, 0))
+        answer = send_steps(conn, t, step_arrays(t, 1, **edit))
+        return f'first step {first.get("type")}; this step: {answer}'
+      attempt(f'join service (secret): a step with {what}', implausible)
+
+    def one_step_episodes():
+      answers = {}
+      for _ in range(100):
+        try:
+          conn, t = claimed()
+          send_steps(conn, t, step_arrays(t, 0))
+          a = send_steps(conn, t, step_arrays(t, 1, reward=1e30, is_last=1))
+          key = a.get('type') + (': ' + a['reason'][:90] if 'reason' in a
+                                 else '')
+        except Exception as e:  # noqa: BLE001
+          key = f'{type(e).__name__}: {str(e)[:90]}'
+        answers[key] = answers.get(key, 0) + 1
+      return answers
+    attempt('join service (secret): 100 one-step episodes of reward 1e30',
+            one_step_episodes)
+
     replay_port = next(p for p, pid in ports.items() if pid == replay_pid)
     r = reverb.Client(f'127.0.0.1:{replay_port}')
 
@@ -185,6 +253,21 @@ def main():
       r.insert([rows], {'uniform': 1.0})       # a column of another shape
       return 'accepted by the Reverb server (no authentication)'
     attempt('Reverb port: 20 NaN items + 1 malformed item', reverb_nan_items)
+
+    def reverb_reward_windows():
+      cmd = [sys.executable, '-c', POISON, str(replay_port), '50']
+      where = 'from the host network'
+      if os.readlink(f'/proc/{replay_pid}/ns/net') != os.readlink(
+          '/proc/self/ns/net'):
+        cmd = ['nsenter', '-t', str(replay_pid), '-n'] + cmd
+        where = 'from inside the program\'s network (nsenter)'
+      out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           cwd=ROOT)
+      if out.returncode:
+        raise RuntimeError(out.stderr.strip().splitlines()[-1])
+      return f'{where}: written {out.stdout.strip()}'
+    attempt('Reverb port: 50 windows of reward 1e6 into each table',
+            reverb_reward_windows)
 
     def group_port(group):
       return next(p for p, pid in ports.items()
@@ -222,6 +305,16 @@ def main():
     out['program at the end'] = {k: last.get(k) for k in (
         'env_step', 'updates', 'replay/dropped_items', 'learner/bad_batches',
         'learner/skipped_updates', 'join/refused', 'replay/ratio_after_fill')}
+    learner = [json.loads(line) for line in open(os.path.join(
+        logdir, 'metrics.jsonl')) if '"learner"' in line]
+    out['train/ret_scale max (learner rows, mean of 5 updates each)'] = max(
+        (r.get('train/ret_scale', 0.0) for r in learner), default=None)
+    scores = [json.loads(line)['score'] for line in open(os.path.join(
+        logdir, 'scores.jsonl'))] if os.path.exists(os.path.join(
+            logdir, 'scores.jsonl')) else []
+    out['scores.jsonl'] = {'episodes': len(scores),
+                           'max score': max(scores, default=None),
+                           'scores above 1e6': sum(s > 1e6 for s in scores)}
     out['restarts'] = (open(os.path.join(logdir, 'restarts.jsonl')).read()
                        if os.path.exists(os.path.join(logdir,
                                                       'restarts.jsonl')) else '')
@@ -233,6 +326,35 @@ def main():
             'w') as f:
     json.dump(out, f, indent=1)
   shutil.rmtree(work, ignore_errors=True)
+
+
+# Windows with reward 1e6 written straight into both tables, as a plain
+# Reverb client can (argv: the Reverb port, windows per table).
+POISON = r'''
+import json, sys
+import numpy as np, reverb
+from reverb_tables.adder import step_layout_from_server
+port, n = int(sys.argv[1]), int(sys.argv[2])
+r = reverb.Client(f'127.0.0.1:{port}')
+info = r.server_info(timeout=10)
+layout = step_layout_from_server(r)
+L = int(info['uniform'].signature['step'].shape[0])
+flat = [np.zeros((L,) + f.shape, f.dtype) for f in layout.fields]
+names = [f.name for f in layout.fields]
+flat[names.index('reward')][:] = 1e6
+flat[names.index('is_first')][0] = True
+rows = layout.pack(flat, L)
+written = {}
+for table in ('uniform', 'online'):
+  for _ in range(n):
+    with r.trajectory_writer(num_keep_alive_refs=L) as w:
+      for row in rows:
+        w.append({'step': row})
+      w.create_item(table, 1.0, {'step': w.history['step'][-L:]})
+      w.flush(timeout_ms=60000)
+    written[table] = written.get(table, 0) + 1
+print(json.dumps(written))
+'''
 
 
 def _is_reverb(port: int) -> bool:
