@@ -52,7 +52,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
       os.path.abspath(__file__)))))
 
 from experiments.run.config import log  # noqa: E402
-from experiments.run.rundir import (  # noqa: E402
+from experiments.run.log_files import (  # noqa: E402
     EVAL_DIR, REPORT_FILE, SCORES_FILE, normalize_task)
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
