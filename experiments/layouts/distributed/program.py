@@ -302,10 +302,11 @@ def make_join_node(settings: ProgramSettings, replay, learner,
   if node_restart() and os.path.exists(claims_file):
     book.restore(rundir.read_json(claims_file))
   return JoinService(
-      settings, book, functools.partial(builder.make_adder, replay),
-      StepLayout.from_step_spec(builder.step_spec),
-      SyncedCounter(counter, time_delta=dist.counter_sync_s), learner,
-      secret, claims_file)
+      settings=settings, book=book,
+      make_adder=functools.partial(builder.make_adder, replay),
+      layout=StepLayout.from_step_spec(builder.step_spec),
+      counter=SyncedCounter(counter, time_delta=dist.counter_sync_s),
+      learner=learner, secret=secret, claims_file=claims_file)
 
 
 # --- the program ----------------------------------------------------------------------------
