@@ -172,9 +172,10 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
   # Persistent skipped updates stop the run (spec 4.9).
   rows.health = health.SkipGuard(run.max_skipped_updates, run.logdir,
                                  on_stop=rows.write)
-  checkpoints = CheckpointCoordinator(settings, progress, learner, dataset,
-                                      replay, synced, counter, actors,
-                                      evaluator, join, rows)
+  checkpoints = CheckpointCoordinator(
+      settings=settings, progress=progress, learner=learner, dataset=dataset,
+      replay=replay, synced_counter=synced, counter=counter, actors=actors,
+      evaluator=evaluator, join=join, rows=rows)
   return LearnerNode(settings, stop, learner, dataset, progress,
                      VariableSource(learner, lambda: progress.updates), rows,
                      checkpoints, rows.health, join)
