@@ -67,8 +67,7 @@ from experiments.layouts.distributed.join.service import (
     CLAIMS_FILE, JoinService)
 from experiments.layouts.distributed.join.slots import JoinSlots
 from experiments.layouts.distributed.learner import LearnerNode
-from experiments.layouts.distributed.learner_peer import (
-    LearnerPeerNode, PeerStop)
+from experiments.layouts.distributed.learner_peer import LearnerPeerNode
 from experiments.layouts.distributed.rows import Progress, TrainRows
 from experiments.layouts.distributed.rpc import (
     SyncedCounter, call_until, wait_for_replay)
@@ -92,12 +91,12 @@ NODE_GROUP_ENV = 'DREAMER_NODE_GROUP'
 def make_replay_tables(settings: ProgramSettings):
   """The builder's tables (the 'ratio' limiter: spec 6.1 parallel). The
   replay server stays up after a stop signal until the learner's final
-  checkpoint (``stopping.wait_for_learner``)."""
+  checkpoint (``stopping.serve_until_learner_done``)."""
   tables = settings.builder.make_replay_tables()
   try:
     import launchpad as lp
-    lp.register_stop_handler(lambda *_: stopping.wait_for_learner(
-        settings.launch_dir, settings.dist.stop_grace_s))
+    lp.register_stop_handler(
+        lambda *_: stopping.serve_until_learner_done(settings))
   except Exception:  # noqa: BLE001  (outside a Launchpad process)
     pass
   return tables
@@ -122,9 +121,8 @@ class CounterNode(counting.Counter):
       self.restore(state)
 
   def run(self) -> None:
-    stopping.lp_hooks()[0].wait()
-    stopping.wait_for_learner(self._settings.launch_dir,
-                              self._settings.dist.stop_grace_s)
+    stopping.serve_until_learner_done(self._settings,
+                                      program=stopping.lp_hooks()[0])
 
 
 def make_learner_node(settings: ProgramSettings, replay, counter, actors,
@@ -193,12 +191,13 @@ def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
   parallel.initialize_processes(
       settings.coordinator_address, dist.learner_processes, process_id,
       gloo_host=settings.gloo_host if gloo_host is None else gloo_host)
-  builder, stop = settings.builder, PeerStop()
+  builder, stop = settings.builder, stopping.NodeStop()
   wait_for_replay(replay, stop.requested)
   dataset = builder.make_dataset_iterator(replay, should_stop=stop.requested)
-  learner = stop.learner = builder.make_learner(
+  learner = builder.make_learner(
       seed_keys(settings.config.seed)['learner'], builder.make_networks(),
       dataset, should_stop=stop.requested)
+  stop.also(learner.peers_stopped)     # process 0 stopped the learner
   if settings.resume:
     rckpt.load_replay_state(settings.resume, None,
                             latent_store=dataset.latent_store)

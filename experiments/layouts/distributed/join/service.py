@@ -198,6 +198,6 @@ class JoinService:
     while not self._stop.program.wait(1.0):
       self._claims.reap()
     self._stopping.set()
-    stopping.wait_for_learner(          # the learner's final calls come first
-        self._settings.launch_dir, self._settings.dist.stop_grace_s)
+    # The learner's final calls (stop_joiners, state) come first.
+    stopping.serve_until_learner_done(self._settings)
     self._gate.close()
