@@ -33,7 +33,7 @@ class LearnerNode:
   variable source's), ``finish()`` (final checkpoint; returns a summary).
   """
 
-  def __init__(self, settings, stop: stopping.NodeStop, learner, dataset,
+  def __init__(self, *, settings, stop: stopping.NodeStop, learner, dataset,
                progress: Progress, variables: VariableSource, rows: TrainRows,
                checkpoints: CheckpointCoordinator, health, join=None):
     self._settings, self._stop = settings, stop

@@ -75,7 +75,7 @@ from experiments.layouts.distributed.secret import ensure_secret, secret_path
 from experiments.layouts.distributed.settings import ProgramSettings
 from experiments.layouts.distributed.supervisor import node_restart
 from experiments.layouts.distributed.variables import VariableSource
-from experiments.run import health, metrics, rundir
+from experiments.run import metrics, rundir
 from experiments.run.config import log, next_multiple, segment_seed
 
 # The program's node groups.
@@ -165,18 +165,18 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
     dataset.sampler.num_uniform_rows = int(s['uniform_rows'])
     log(f'[learner] resumed from {settings.resume}: {progress.updates} '
         f'updates, {len(dataset.latent_store)} stored latents')
-  rows = late['rows'] = TrainRows(settings, progress, learner, dataset, replay,
-                                  synced, actors, join)
-  # Persistent skipped updates stop the run (spec 4.9).
-  rows.health = health.SkipGuard(run.max_skipped_updates, run.logdir,
-                                 on_stop=rows.write)
+  rows = late['rows'] = TrainRows(
+      settings=settings, progress=progress, learner=learner, dataset=dataset,
+      replay=replay, counter=synced, actors=actors, join=join)
   checkpoints = CheckpointCoordinator(
       settings=settings, progress=progress, learner=learner, dataset=dataset,
       replay=replay, synced_counter=synced, counter=counter, actors=actors,
       evaluator=evaluator, join=join, rows=rows)
-  return LearnerNode(settings, stop, learner, dataset, progress,
-                     VariableSource(learner, lambda: progress.updates), rows,
-                     checkpoints, rows.health, join)
+  return LearnerNode(
+      settings=settings, stop=stop, learner=learner, dataset=dataset,
+      progress=progress, rows=rows, checkpoints=checkpoints, join=join,
+      variables=VariableSource(learner, lambda: progress.updates),
+      health=rows.health)
 
 
 def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
