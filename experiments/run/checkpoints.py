@@ -284,3 +284,37 @@ def read_learner_state(ckpt: str):
   spaces saved with it (tools, tests: no learner at hand)."""
   config, spaces, _ = read_saved_config(ckpt)
   return load_learner_state(ckpt, learner_state_template(config, spaces))
+
+
+# --- what both layouts save and restore of the learner's side ------------------
+
+
+def checkpoint_reverb(logdir: str, client) -> str:
+  """The Reverb half of a checkpoint, both layouts: the Reverb checkpoint
+  the newest ``ckpt-*`` references is kept first (Reverb's server drops its
+  last one), then the server writes a new one; returns its path."""
+  keep_reverb_checkpoint(logdir)
+  return client.checkpoint()
+
+
+def sampler_state(dataset) -> dict:
+  """The sampler's row counts, saved in the run state's 'learner'."""
+  return {'online_rows': dataset.sampler.num_online_rows,
+          'uniform_rows': dataset.sampler.num_uniform_rows}
+
+
+def restore_learner(ckpt: str, learner, dataset,
+                    learner_state: Optional[Mapping[str, Any]] = None,
+                    **replay_parts) -> None:
+  """The learner's side of a resume, both layouts: the replay state saved
+  beside the Reverb checkpoint (the latent store; ``replay_parts``: the
+  one-process adder and schedule), the learner's ``TrainingState``, and,
+  given the run state's ``learner_state``, the sampler's row counts (a
+  learner peer has none of its own)."""
+  from reverb_tables import checkpoint as rckpt
+  rckpt.load_replay_state(ckpt, None, latent_store=dataset.latent_store,
+                          **replay_parts)
+  learner.restore(load_learner_state(ckpt, learner.state))
+  if learner_state is not None:
+    dataset.sampler.num_online_rows = int(learner_state['online_rows'])
+    dataset.sampler.num_uniform_rows = int(learner_state['uniform_rows'])

@@ -18,10 +18,11 @@ run directory by; it holds no code of its own.
 from experiments.run.checkpoints import (  # noqa: F401
     CKPT_PREFIX, CONFIG_FILE, KEPT_DIR, LEARNER_FILE, OLD_LEARNER_FILE,
     REPLAY_STATE_FILE, RESUME_FIXED, REVERB_DIR, TMP_PREFIX, CheckpointError,
-    check_finite_state, checkpoint_root, clean_checkpoints,
+    check_finite_state, checkpoint_reverb, checkpoint_root, clean_checkpoints,
     keep_reverb_checkpoint, latest_run_checkpoint, learner_state_template,
     list_run_checkpoints, load_learner_state, read_learner_state,
-    read_saved_config, reverb_dir, write_checkpoint)
+    read_saved_config, restore_learner, reverb_dir, sampler_state,
+    write_checkpoint)
 from experiments.run.log_files import (  # noqa: F401
     EVAL_DIR, FAULT_ENV, FLAGS_FILE, LOG_FILES, METRICS_FILE, REPORT_FILE,
     SCORES_FILE, TB_DIR, append_score, atomic_write, cut_file, file_sizes,

@@ -50,8 +50,7 @@ class CheckpointCoordinator:
     settings, run = self._settings, self._settings.run
     t0 = time.perf_counter()
     try:
-      rundir.keep_reverb_checkpoint(run.logdir)  # Reverb drops its last one
-      reverb_path = self._replay.checkpoint()
+      reverb_path = rundir.checkpoint_reverb(run.logdir, self._replay)
       actor_states = [a.get_state() for a in self._actors]   # after Reverb's
       if self._evaluator is not None:
         try:
@@ -82,9 +81,7 @@ class CheckpointCoordinator:
             counter=counter_state,
             learner={
                 'updates': self._progress.updates,
-                'online_rows': self._dataset.sampler.num_online_rows,
-                'uniform_rows': self._dataset.sampler.num_uniform_rows,
-                'wall_time': self._progress.wall_time,
+                **rundir.sampler_state(self._dataset), 'wall_time': self._progress.wall_time,
                 'next_log': self._rows.next_log, 'join': self._join_state},
             actors=actor_states, evaluator=self._eval_state,
             recent_scores=[] if recent is None else [recent]))

@@ -131,7 +131,6 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
   restored on resume, and the node's jobs around it (``learner.py``)."""
   from agent import parallel
   from agent.builder import seed_keys
-  from reverb_tables import checkpoint as rckpt
   from reverb_tables import tables as tables_lib
 
   # Before anything touches jax's devices: join the other learner processes.
@@ -155,14 +154,10 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
       log_every=run.learner_log_every, should_stop=stop.requested)
   progress = Progress(learner)
   if settings.resume:
-    rckpt.load_replay_state(settings.resume, None,
-                            latent_store=dataset.latent_store)
-    learner.restore(rundir.load_learner_state(settings.resume, learner.state))
     s = settings.run_state['learner']
+    rundir.restore_learner(settings.resume, learner, dataset, s)
     progress.base_updates, progress.wall0 = int(s['updates']), float(
         s['wall_time'])
-    dataset.sampler.num_online_rows = int(s['online_rows'])
-    dataset.sampler.num_uniform_rows = int(s['uniform_rows'])
     log(f'[learner] resumed from {settings.resume}: {progress.updates} '
         f'updates, {len(dataset.latent_store)} stored latents')
   rows = late['rows'] = TrainRows(
@@ -185,7 +180,6 @@ def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
   another host (``remote_peers.py``)."""
   from agent import parallel
   from agent.builder import seed_keys
-  from reverb_tables import checkpoint as rckpt
 
   dist = settings.dist
   parallel.initialize_processes(
@@ -199,9 +193,7 @@ def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
       dataset, should_stop=stop.requested)
   stop.also(learner.peers_stopped)     # process 0 stopped the learner
   if settings.resume:
-    rckpt.load_replay_state(settings.resume, None,
-                            latent_store=dataset.latent_store)
-    learner.restore(rundir.load_learner_state(settings.resume, learner.state))
+    rundir.restore_learner(settings.resume, learner, dataset)
   return LearnerPeerNode(settings, process_id, learner, dataset, stop)
 
 
