@@ -120,7 +120,9 @@ class JoinService:
     self._stop = stopping.NodeStop()
     self._stopping = threading.Event()      # heartbeats answer 'stop'
     lock = threading.Lock()                 # guards the book
-    log_refusal = RefusalLog()
+    # One refusal log for the gate and the claims (one line per kind of
+    # refusal per DENIED_LOG_S, whichever room refused).
+    self.refusal_log = log_refusal = RefusalLog()
     self._claims = Claims(
         book=book, lock=lock, claims_file=claims_file,
         store=StepStore(settings=settings, book=book, lock=lock,
