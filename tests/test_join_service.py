@@ -569,7 +569,7 @@ def test_deep_json_and_wrapping_shapes_are_refused_in_one_log_line(
   the log gets one line for it (no traceback); a burst of them within
   ``DENIED_LOG_S`` adds no more."""
   spec, service, _, _ = program
-  monkeypatch.setattr(service, '_logged', {})
+  monkeypatch.setattr(service.refusal_log, '_logged', {})
   header = DEEP_JSON if frame == 'deep_json' else WRAPPING_SHAPE
   match = 'nested deeper' if frame == 'deep_json' else 'too large'
   capfd.readouterr()

@@ -81,7 +81,6 @@ class Trainer:
 
     from agent.builder import seed_keys
     from agent.local import DreamerAgent, ScheduledUpdates
-    from reverb_tables import checkpoint as rckpt
     from reverb_tables import tables as tables_lib
 
     run, c = self.run_config, self.config
@@ -141,20 +140,15 @@ class Trainer:
     self.wall_time = self._t_eval = self._t_ckpt = 0.0
     self.recent_scores: List[float] = []
     if state:
-      rckpt.load_replay_state(self._resume_from, None, adder=self.adder,
-                              schedule=self.schedule,
-                              latent_store=self.dataset.latent_store)
-      self.learner.restore(rundir.load_learner_state(
-          self._resume_from, self.learner.state))
-      self.actor.set_state(state['actors'][0])
       s = state['learner']
+      rundir.restore_learner(self._resume_from, self.learner, self.dataset, s,
+                             adder=self.adder, schedule=self.schedule)
+      self.actor.set_state(state['actors'][0])
       self.updates_runner.set_state(s)
       self.counter.restore(state['counter'])
       self.wall_time = s['wall_time']
       self.evaluator.set_state(state['evaluator'] or {})
       self.recent_scores = list(state['recent_scores'])
-      self.dataset.sampler.num_online_rows = s['online_rows']
-      self.dataset.sampler.num_uniform_rows = s['uniform_rows']
       size = int(self.client.server_info()['uniform'].current_size)
       if size != self.adder.num_items:
         raise ValueError(f'the Reverb checkpoint holds {size} items but the '
@@ -340,8 +334,7 @@ class Trainer:
     """Atomic checkpoint (experiments.run.rundir); returns the ckpt-* path."""
     t0 = time.perf_counter()
     self.adder.flush()
-    rundir.keep_reverb_checkpoint(self.logdir)   # Reverb drops its last one
-    reverb_path = self.client.checkpoint()       # new Reverb dir, DONE last
+    reverb_path = rundir.checkpoint_reverb(self.logdir, self.client)
     run = self.run_config
     final = rundir.write_checkpoint(
         self.logdir, self.agent_steps, reverb_path=reverb_path,
@@ -356,9 +349,7 @@ class Trainer:
             counter=self.counter.save(),
             learner={
                 **self.updates_runner.get_state(),
-                'online_rows': self.dataset.sampler.num_online_rows,
-                'uniform_rows': self.dataset.sampler.num_uniform_rows,
-                'wall_time': self.wall_time, 'next_log': self.next_log},
+                **rundir.sampler_state(self.dataset), 'wall_time': self.wall_time, 'next_log': self.next_log},
             actors=[{'offset': 0, 'num_envs': run.num_envs,
                      'num_items': self.adder.num_items,
                      'num_online_items': self.adder.num_online_items,

@@ -37,7 +37,7 @@ Who is told, in what order
   once; the learner stops the remote actors and writes its final
   checkpoint; the replay server, counter, actors, evaluator and join service
   keep serving it until the learner-done marker exists
-  (``wait_for_learner``, at most ``--stop_grace`` seconds), since the
+  (``serve_until_learner_done``, at most ``--stop_grace`` seconds), since the
   checkpoint reads their state. When the learner itself died, the launcher
   writes the marker (nobody waits for a checkpoint that will not come).
   Launchpad's termination notice (``--stop_grace`` + 30 s) kills what is
@@ -58,7 +58,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from agent.learner import StopRequested
 from experiments.layouts.distributed.rpc import call_until
@@ -138,16 +138,24 @@ def in_launchpad() -> bool:
 
 
 class NodeStop:
-  """A node's view of the stop: the program's (``lp_hooks``) and a finish
-  request of its own (the learner's ``finish``). ``requested()`` is what
-  the node's blocking waits poll."""
+  """A node's one view of the stop: the program's (``lp_hooks``), a finish
+  request of its own (the learner's ``finish``) and any condition added by
+  ``also`` (a learner peer's: process 0 stopped the learner).
+  ``requested()`` is what the node's blocking waits poll."""
 
   def __init__(self):
     self.program, self.stop_program = lp_hooks()
     self.finish = threading.Event()
+    self._also: List[Callable[[], bool]] = []
+
+  def also(self, condition: Callable[[], bool]) -> None:
+    """Stops too once ``condition()`` holds (for a condition whose owner is
+    built after the stop it reads, as a learner built over ``requested``)."""
+    self._also.append(condition)
 
   def requested(self) -> bool:
-    return self.program.is_set() or self.finish.is_set()
+    return (self.program.is_set() or self.finish.is_set() or
+            any(c() for c in self._also))
 
 
 def mark_learner_done(launch_dir: str) -> None:
@@ -166,6 +174,17 @@ def wait_for_learner(launch_dir: str, grace_s: float) -> bool:
       return False
     time.sleep(0.1)
   return True
+
+
+def serve_until_learner_done(settings,
+                             program: Optional[threading.Event] = None) -> bool:
+  """The one rule of the nodes whose state the final checkpoint reads:
+  after ``program`` (the stop event, when the node has not seen it yet)
+  keep serving until the learner's final checkpoint is written, at most
+  ``--stop_grace`` seconds; whether it came."""
+  if program is not None:
+    program.wait()
+  return wait_for_learner(settings.launch_dir, settings.dist.stop_grace_s)
 
 
 def record_error(launch_dir: str, node: str) -> None:
@@ -189,28 +208,38 @@ def exit_now(code: int) -> None:
   os._exit(code)
 
 
-def run_guarded(settings, node: str, body: Callable[[], Any],
+def run_guarded(settings, node: str, body: Callable[[], Any], *,
                 on_failure: Callable[[], Any] = lambda: None,
-                restartable: bool = False) -> None:
-  """Runs a node's ``body``: a stop (``StopRequested``) ends it quietly; a
-  failure while the program is not stopping is recorded (``record_error``)
-  and ``on_failure()`` runs; then a ``restartable`` node exits with status 1
-  for the supervisor to restart it in place (when
-  ``settings.dist.restarts_in_place``), any other stops the program and
-  re-raises (the launcher then reports the node, or restarts the program)."""
-  stop_event, stopper = lp_hooks()
+                cleanup: Callable[[], Any] = lambda: None,
+                restartable: bool = False, stops_program: bool = True,
+                record_while_stopping: bool = False,
+                stop: Optional[NodeStop] = None) -> None:
+  """The one guard every node's body runs in: a stop (``StopRequested``)
+  ends it quietly. A failure is recorded (``record_error``; one while the
+  program is stopping only with ``record_while_stopping``, else it ends
+  the body quietly) and ``on_failure()`` runs; then a ``restartable`` node
+  exits with status 1 for the supervisor to restart it in place (when
+  ``settings.dist.restarts_in_place``); else the node stops the program
+  (``stops_program``) and re-raises (the launcher then reports the node, or
+  restarts the program). ``cleanup()`` runs last in every case but the
+  exit. ``stop``: the node's own, when it has one (else ``lp_hooks``)."""
+  stop_event, stopper = ((stop.program, stop.stop_program) if stop else
+                         lp_hooks())
   try:
     body()
   except StopRequested:
     pass
   except Exception:  # noqa: BLE001  (re-raised)
-    if not stop_event.is_set():
+    if record_while_stopping or not stop_event.is_set():
       record_error(settings.launch_dir, node)
       on_failure()
       if restartable and settings.dist.restarts_in_place:
         exit_now(1)
-      stopper()
+      if stops_program:
+        stopper()
       raise
+  finally:
+    cleanup()
 
 
 class StepLimiter:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from experiments.run.config import RunConfig, log, segment_seed
 from experiments.run.env_loop import run_eval_episodes
 from experiments.run.metrics import eval_row, fmt_steps
-from experiments.run.rundir import EVAL_DIR, append_score
+from experiments.run.log_files import EVAL_DIR, append_score
 
 
 class Evaluator:

@@ -26,7 +26,7 @@ import numpy as np
 import agent  # noqa: F401  (jax compat before acme)
 from acme.utils.loggers import base as loggers_base
 from experiments.run.private_files import open_run_file
-from experiments.run.rundir import METRICS_FILE, TB_DIR, jsonable
+from experiments.run.log_files import METRICS_FILE, TB_DIR, jsonable
 
 
 class RunLogger(loggers_base.Logger):

@@ -10,7 +10,7 @@ import time
 from typing import Any, Mapping
 
 from experiments.run.private_files import open_run_file
-from experiments.run.rundir import json_default
+from experiments.run.log_files import json_default
 
 RESTARTS_FILE = 'restarts.jsonl'
 

@@ -47,6 +47,7 @@ class ActorNode:
     self._halt, self._pause = threading.Event(), threading.Event()
     self._paused = threading.Event()
     self._error: Optional[BaseException] = None
+    self._failed = False             # acting failed before any stop
     self.env, self.adder, self.actor = env, adder, actor
     self._learner, self._counter = learner, counter
     self._client = actor.variable_client
@@ -96,30 +97,35 @@ class ActorNode:
   def run(self) -> None:
     thread = threading.Thread(target=self._act, name='acting', daemon=True)
     thread.start()
+    # Nothing of an actor needs saving: after a failure it exits for the
+    # supervisor to restart it in place (restartable), or stops the program
+    # and, once the learner is done, re-raises.
+    stopping.run_guarded(self._settings, self._name,
+                         lambda: self._watch(thread),
+                         cleanup=lambda: self._wind_down(thread),
+                         restartable=True, stop=self._stop)
+
+  def _watch(self, thread: threading.Thread) -> None:
+    """Until acting ends or the program stops; raises what acting raised
+    (unless the program was stopping)."""
     program_stop = self._stop.program
     while thread.is_alive() and not program_stop.wait(0.2):
       pass
-    failed = self._error is not None and not program_stop.is_set()
-    settings = self._settings
-    if failed:
-      stopping.record_error(settings.launch_dir, self._name)
-      if settings.dist.restarts_in_place:
-        # Nothing of an actor needs saving: exit now and let the supervisor
-        # restart this node (or stop the program once its restarts are used).
-        stopping.exit_now(1)
-      self._stop.stop_program()
+    self._failed = self._error is not None and not program_stop.is_set()
+    if self._failed:
+      raise RuntimeError(f'{self._name} failed: {self._error!r}')
+
+  def _wind_down(self, thread: threading.Thread) -> None:
     # Serve get_state() until the learner's final checkpoint is written.
-    stopping.wait_for_learner(settings.launch_dir, settings.dist.stop_grace_s)
+    stopping.serve_until_learner_done(self._settings)
     self._halt.set()
     thread.join(5.0)
     if thread.is_alive():
       # Blocked in a Reverb insert that the stopped learner will never
       # unblock: nothing is left to save, so leave without waiting for it.
       log(f'[{self._name}] acting thread blocked in Reverb; exiting')
-      stopping.exit_now(1 if failed else 0)
+      stopping.exit_now(1 if self._failed else 0)
     self.env.close()
-    if failed:
-      raise RuntimeError(f'{self._name} failed: {self._error!r}')
 
   def _act(self) -> None:
     try:

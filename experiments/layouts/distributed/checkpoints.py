@@ -28,12 +28,15 @@ from experiments.run.config import log
 class CheckpointCoordinator:
   """``save()`` writes one checkpoint of the program (module doc)."""
 
-  def __init__(self, settings, progress: Progress, learner, dataset, replay,
-               counter, counter_client, actors, evaluator, join,
+  def __init__(self, *, settings, progress: Progress, learner, dataset,
+               replay, synced_counter, counter, actors, evaluator, join,
                rows: TrainRows):
+    """``synced_counter``: the learner's ``SyncedCounter`` (flushed first);
+    ``counter``: the program's counter node (its state and counts are
+    saved); ``evaluator`` and ``join``: None when the program has none."""
     self._settings, self._progress = settings, progress
     self._learner, self._dataset, self._replay = learner, dataset, replay
-    self._counter, self._counter_client = counter, counter_client
+    self._synced_counter, self._counter = synced_counter, counter
     self._actors, self._evaluator, self._join = list(actors), evaluator, join
     self._rows = rows
     state = settings.run_state or {}
@@ -47,17 +50,16 @@ class CheckpointCoordinator:
     settings, run = self._settings, self._settings.run
     t0 = time.perf_counter()
     try:
-      rundir.keep_reverb_checkpoint(run.logdir)  # Reverb drops its last one
-      reverb_path = self._replay.checkpoint()
+      reverb_path = rundir.checkpoint_reverb(run.logdir, self._replay)
       actor_states = [a.get_state() for a in self._actors]   # after Reverb's
       if self._evaluator is not None:
         try:
           self._eval_state = self._evaluator.get_state()
         except Exception:  # noqa: BLE001  (keep the last known one)
           pass
-      self._counter.flush()
-      counter_state = self._counter_client.save()
-      counts = self._counter_client.get_counts()
+      self._synced_counter.flush()
+      counter_state = self._counter.save()
+      counts = self._counter.get_counts()
       if self._join is not None:      # after Reverb's: every claim with items
         self._join_state = self._join.state()
     except Exception as e:  # noqa: BLE001
@@ -79,9 +81,7 @@ class CheckpointCoordinator:
             counter=counter_state,
             learner={
                 'updates': self._progress.updates,
-                'online_rows': self._dataset.sampler.num_online_rows,
-                'uniform_rows': self._dataset.sampler.num_uniform_rows,
-                'wall_time': self._progress.wall_time,
+                **rundir.sampler_state(self._dataset), 'wall_time': self._progress.wall_time,
                 'next_log': self._rows.next_log, 'join': self._join_state},
             actors=actor_states, evaluator=self._eval_state,
             recent_scores=[] if recent is None else [recent]))

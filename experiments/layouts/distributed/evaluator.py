@@ -51,15 +51,15 @@ class EvaluatorNode:
     return self._final_row
 
   def run(self) -> None:
-    try:
-      stopping.run_guarded(self._settings, 'evaluator', self._loop,
-                           on_failure=self._final_done.set, restartable=True)
-    finally:
-      if self._logger is not None:
-        self._logger.close()
-    stopping.wait_for_learner(self._settings.launch_dir,
-                              self._settings.dist.stop_grace_s)
+    stopping.run_guarded(self._settings, 'evaluator', self._loop,
+                         on_failure=self._final_done.set,
+                         cleanup=self._close_logger, restartable=True)
+    stopping.serve_until_learner_done(self._settings)
     self.evaluator.close()
+
+  def _close_logger(self) -> None:
+    if self._logger is not None:
+      self._logger.close()
 
   def _loop(self) -> None:
     stop = self._stop.program

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from experiments.layouts import stopping
 from experiments.layouts.distributed import lp_init, remote_peers, seal
@@ -245,13 +245,11 @@ def _run_program(prepared) -> Dict[str, Any]:
                                      join_listener=settings.join_listener)
 
 
-def _launch(settings: ProgramSettings) -> Dict[str, Any]:
-  import launchpad as lp
-  import psutil
+def _node_log_dir(settings: ProgramSettings) -> str:
+  """Sets Launchpad's termination notice and its node-log folder for this
+  segment (a new one per attempt); returns the folder."""
   from absl import flags
   from launchpad.launch.run_locally import launch_local_output_to_files
-
-  from experiments.layouts.distributed import supervisor
 
   run, dist = settings.run, settings.dist
   # Launchpad reads the launcher's termination notice from its global flag
@@ -268,17 +266,18 @@ def _launch(settings: ProgramSettings) -> Dict[str, Any]:
     log_dir = os.path.join(run.logdir, 'lp_logs',
                            f'segment-{settings.segment}-attempt-{attempt}')
   launch_local_output_to_files._LOGGING_DIR = log_dir  # noqa: SLF001
-  program = build_program(settings)
-  init_file = lp_init.write_init_file(settings.launch_dir)
-  resources = local_resources(settings, init_file, list(program.groups))
-  log(f'[run] {run.task} size={settings.config.size} actors={dist.num_actors} x '
-       f'{settings.envs_per_actor} envs, train_ratio={settings.config.train_ratio:g}, '
-       f'target {run.env_steps} env steps, logdir={run.logdir}'
-       + (f', node logs in {log_dir}' if dist.terminal == 'output_to_files'
-          else ''))
-  t0 = time.time()
+  return log_dir
 
-  errors_dir = os.path.join(settings.launch_dir, stopping.ERRORS_DIR)
+
+def _manager_factory(settings: ProgramSettings, errors_dir: str,
+                     manager_box: Dict[str, Any]):
+  """The supervisor's worker-manager factory (``supervisor.installed``):
+  in-place restarts are recorded and their error files set aside; a fatal
+  learner exit writes the learner-done marker. The manager it makes goes
+  into ``manager_box['m']``."""
+  from experiments.layouts.distributed import supervisor
+
+  run, dist = settings.run, settings.dist
 
   def on_restart(exit_, k):
     # A node restarted in place is not a failure of the run: set its error
@@ -298,29 +297,18 @@ def _launch(settings: ProgramSettings) -> Dict[str, Any]:
     if exit_.group == 'learner':   # nobody else waits for its checkpoint
       stopping.mark_learner_done(settings.launch_dir)
 
-  manager_box = {}
-
   def make_manager():
     manager_box['m'] = supervisor.RestartingWorkerManager(
         dist.max_restarts if dist.restarts_in_place else 0,
         on_restart, on_fatal)
     return manager_box['m']
 
-  with supervisor.installed(make_manager):
-    manager = lp.launch(program, launch_type='local_mp',
-                        terminal=dist.terminal, local_resources=resources)
-  if not settings.sealed and dist.isolation != 'off':
-    log(seal.open_ports_line(settings.unsealed, open_ports(settings, program)))
-  # Launchpad bound the nodes' addresses at launch: remote learner peers
-  # can now be told this launch's Reverb port.
-  peers_file = None
-  if dist.remote_learner_processes:
-    peers_file = remote_peers.publish(settings, parse_address(
-        program.groups['replay'][0].reverb_address.resolve())[1],
-        ensure_secret(secret_path(run.logdir, dist.join_secret_file)))
-  # Launchpad's last resort after the termination notice kills the launcher
-  # too; keep it alive so it can report and clean up (workers still die).
-  manager._kill_main_thread = False  # noqa: SLF001
+  return make_manager
+
+
+def _wait(manager, run, t0: float) -> Optional[BaseException]:
+  """Waits for the program, logging the launcher's progress line every
+  ``progress_every``; returns what the wait raised, if anything."""
   box: Dict[str, Any] = {}
 
   def wait():
@@ -338,6 +326,13 @@ def _launch(settings: ProgramSettings) -> Dict[str, Any]:
     if waiter.is_alive() and run.verbose:
       log(launcher_progress_line(_last_train_row(metrics_path),
                                  run.env_steps, time.time() - t0, eta))
+  return box.get('error')
+
+
+def _kill_leftovers() -> List[str]:
+  """Kills the launcher's child processes left after the stop; their
+  'pid name'."""
+  import psutil
   leftovers = []
   for proc in psutil.Process().children(recursive=True):
     try:
@@ -345,11 +340,61 @@ def _launch(settings: ProgramSettings) -> Dict[str, Any]:
       proc.kill()
     except psutil.NoSuchProcess:
       pass
+  return leftovers
+
+
+def _node_errors(errors_dir: str) -> Dict[str, str]:
+  """The tracebacks the failed nodes recorded, by node."""
   errors = {}
   if os.path.isdir(errors_dir):
     for name in sorted(os.listdir(errors_dir)):
       with open(os.path.join(errors_dir, name)) as f:
         errors[name] = f.read()
+  return errors
+
+
+def _launch(settings: ProgramSettings) -> Dict[str, Any]:
+  import launchpad as lp
+
+  from experiments.layouts.distributed import supervisor
+
+  run, dist = settings.run, settings.dist
+  log_dir = _node_log_dir(settings)
+  program = build_program(settings)
+  init_file = lp_init.write_init_file(settings.launch_dir)
+  resources = local_resources(settings, init_file, list(program.groups))
+  log(f'[run] {run.task} size={settings.config.size} actors={dist.num_actors} x '
+       f'{settings.envs_per_actor} envs, train_ratio={settings.config.train_ratio:g}, '
+       f'target {run.env_steps} env steps, logdir={run.logdir}'
+       + (f', node logs in {log_dir}' if dist.terminal == 'output_to_files'
+          else ''))
+  t0 = time.time()
+
+  errors_dir = os.path.join(settings.launch_dir, stopping.ERRORS_DIR)
+  manager_box: Dict[str, Any] = {}
+  make_manager = _manager_factory(settings, errors_dir, manager_box)
+
+  with supervisor.installed(make_manager):
+    manager = lp.launch(program, launch_type='local_mp',
+                        terminal=dist.terminal, local_resources=resources)
+  if not settings.sealed and dist.isolation != 'off':
+    log(seal.open_ports_line(settings.unsealed, open_ports(settings, program)))
+  # Launchpad bound the nodes' addresses at launch: remote learner peers
+  # can now be told this launch's Reverb port.
+  peers_file = None
+  if dist.remote_learner_processes:
+    peers_file = remote_peers.publish(settings, parse_address(
+        program.groups['replay'][0].reverb_address.resolve())[1],
+        ensure_secret(secret_path(run.logdir, dist.join_secret_file)))
+  # Launchpad's last resort after the termination notice kills the launcher
+  # too; keep it alive so it can report and clean up (workers still die).
+  manager._kill_main_thread = False  # noqa: SLF001
+  box: Dict[str, Any] = {}
+  error = _wait(manager, run, t0)
+  if error is not None:
+    box['error'] = error
+  leftovers = _kill_leftovers()
+  errors = _node_errors(errors_dir)
   summary_path = os.path.join(settings.launch_dir, stopping.SUMMARY_FILE)
   summary = (rundir.read_json(summary_path) if os.path.exists(summary_path)
              else None)

@@ -33,7 +33,7 @@ class LearnerNode:
   variable source's), ``finish()`` (final checkpoint; returns a summary).
   """
 
-  def __init__(self, settings, stop: stopping.NodeStop, learner, dataset,
+  def __init__(self, *, settings, stop: stopping.NodeStop, learner, dataset,
                progress: Progress, variables: VariableSource, rows: TrainRows,
                checkpoints: CheckpointCoordinator, health, join=None):
     self._settings, self._stop = settings, stop
@@ -66,21 +66,22 @@ class LearnerNode:
 
   # -- main thread -------------------------------------------------------------------
   def run(self) -> None:
-    settings = self._settings
-    try:
-      self._loop()
-      self._final()
-    except Exception:  # noqa: BLE001
-      stopping.record_error(settings.launch_dir, 'learner')
-      stopping.mark_learner_done(settings.launch_dir)
-      self._finished.set()
-      self._stop.stop_program()
-      raise
-    finally:
-      self._dataset.close()
+    # A failure is recorded even during the stop: the nodes waiting for the
+    # final checkpoint must hear that none will come.
+    stopping.run_guarded(self._settings, 'learner', self._train,
+                         on_failure=self._failed, cleanup=self._dataset.close,
+                         record_while_stopping=True, stop=self._stop)
     if self._stop.finish.is_set():
       # Keep serving the final parameters (final evaluation) until the stop.
       self._stop.program.wait()
+
+  def _train(self) -> None:
+    self._loop()
+    self._final()
+
+  def _failed(self) -> None:
+    stopping.mark_learner_done(self._settings.launch_dir)
+    self._finished.set()
 
   def _loop(self) -> None:
     last_ckpt = time.perf_counter()

@@ -18,28 +18,17 @@ Processes on other hosts: ``remote_peers.py``.
 from __future__ import annotations
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
-from agent.learner import StopRequested
 from experiments.layouts import stopping
 from experiments.run.config import log
-
-
-class PeerStop:
-  """A peer's stop: the program's, or process 0 stopped the learner."""
-
-  def __init__(self):
-    self.program, _ = stopping.lp_hooks()
-    self.learner = None                # set once the learner exists
-
-  def requested(self) -> bool:
-    return self.program.is_set() or (
-        self.learner is not None and self.learner.peers_stopped())
 
 
 class LearnerPeerNode:
   """Learner process ``process_id`` (>= 1) of ``dist.learner_processes``."""
 
   def __init__(self, settings, process_id: int, learner, dataset,
-               stop: PeerStop):
+               stop: stopping.NodeStop):
+    """``stop``: the program's, and process 0 stopping the learner
+    (``program.make_learner_peer_node``)."""
     self._settings, self._id = settings, int(process_id)
     self._learner, self._dataset, self._stop = learner, dataset, stop
     log(f'[learner {self._id}] joined {settings.coordinator_address}: '
@@ -47,16 +36,15 @@ class LearnerPeerNode:
         f'{learner.num_steps} updates so far in this launch')
 
   def run(self) -> None:
-    try:
-      while not self._stop.requested():
-        self._learner.step()
-    except StopRequested:
-      pass
-    except Exception:  # noqa: BLE001
-      stopping.record_error(self._settings.launch_dir, f'learner-{self._id}')
-      raise
-    finally:
-      self._dataset.close()
+    # Process 0 decides on the program; a peer's failure is recorded and
+    # re-raised, even during the stop.
+    stopping.run_guarded(self._settings, f'learner-{self._id}', self._train,
+                         cleanup=self._dataset.close, stops_program=False,
+                         record_while_stopping=True)
     log(f'[learner {self._id}] stopped after {self._learner.num_steps} updates')
     if stopping.in_launchpad():
       self._stop.program.wait()        # until the program stops
+
+  def _train(self) -> None:
+    while not self._stop.requested():
+      self._learner.step()

@@ -67,8 +67,7 @@ from experiments.layouts.distributed.join.service import (
     CLAIMS_FILE, JoinService)
 from experiments.layouts.distributed.join.slots import JoinSlots
 from experiments.layouts.distributed.learner import LearnerNode
-from experiments.layouts.distributed.learner_peer import (
-    LearnerPeerNode, PeerStop)
+from experiments.layouts.distributed.learner_peer import LearnerPeerNode
 from experiments.layouts.distributed.rows import Progress, TrainRows
 from experiments.layouts.distributed.rpc import (
     SyncedCounter, call_until, wait_for_replay)
@@ -76,7 +75,7 @@ from experiments.layouts.distributed.secret import ensure_secret, secret_path
 from experiments.layouts.distributed.settings import ProgramSettings
 from experiments.layouts.distributed.supervisor import node_restart
 from experiments.layouts.distributed.variables import VariableSource
-from experiments.run import health, metrics, rundir
+from experiments.run import metrics, rundir
 from experiments.run.config import log, next_multiple, segment_seed
 
 # The program's node groups.
@@ -92,12 +91,12 @@ NODE_GROUP_ENV = 'DREAMER_NODE_GROUP'
 def make_replay_tables(settings: ProgramSettings):
   """The builder's tables (the 'ratio' limiter: spec 6.1 parallel). The
   replay server stays up after a stop signal until the learner's final
-  checkpoint (``stopping.wait_for_learner``)."""
+  checkpoint (``stopping.serve_until_learner_done``)."""
   tables = settings.builder.make_replay_tables()
   try:
     import launchpad as lp
-    lp.register_stop_handler(lambda *_: stopping.wait_for_learner(
-        settings.launch_dir, settings.dist.stop_grace_s))
+    lp.register_stop_handler(
+        lambda *_: stopping.serve_until_learner_done(settings))
   except Exception:  # noqa: BLE001  (outside a Launchpad process)
     pass
   return tables
@@ -122,9 +121,8 @@ class CounterNode(counting.Counter):
       self.restore(state)
 
   def run(self) -> None:
-    stopping.lp_hooks()[0].wait()
-    stopping.wait_for_learner(self._settings.launch_dir,
-                              self._settings.dist.stop_grace_s)
+    stopping.serve_until_learner_done(self._settings,
+                                      program=stopping.lp_hooks()[0])
 
 
 def make_learner_node(settings: ProgramSettings, replay, counter, actors,
@@ -133,7 +131,6 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
   restored on resume, and the node's jobs around it (``learner.py``)."""
   from agent import parallel
   from agent.builder import seed_keys
-  from reverb_tables import checkpoint as rckpt
   from reverb_tables import tables as tables_lib
 
   # Before anything touches jax's devices: join the other learner processes.
@@ -157,27 +154,24 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
       log_every=run.learner_log_every, should_stop=stop.requested)
   progress = Progress(learner)
   if settings.resume:
-    rckpt.load_replay_state(settings.resume, None,
-                            latent_store=dataset.latent_store)
-    learner.restore(rundir.load_learner_state(settings.resume, learner.state))
     s = settings.run_state['learner']
+    rundir.restore_learner(settings.resume, learner, dataset, s)
     progress.base_updates, progress.wall0 = int(s['updates']), float(
         s['wall_time'])
-    dataset.sampler.num_online_rows = int(s['online_rows'])
-    dataset.sampler.num_uniform_rows = int(s['uniform_rows'])
     log(f'[learner] resumed from {settings.resume}: {progress.updates} '
         f'updates, {len(dataset.latent_store)} stored latents')
-  rows = late['rows'] = TrainRows(settings, progress, learner, dataset, replay,
-                                  synced, actors, join)
-  # Persistent skipped updates stop the run (spec 4.9).
-  rows.health = health.SkipGuard(run.max_skipped_updates, run.logdir,
-                                 on_stop=rows.write)
-  checkpoints = CheckpointCoordinator(settings, progress, learner, dataset,
-                                      replay, synced, counter, actors,
-                                      evaluator, join, rows)
-  return LearnerNode(settings, stop, learner, dataset, progress,
-                     VariableSource(learner, lambda: progress.updates), rows,
-                     checkpoints, rows.health, join)
+  rows = late['rows'] = TrainRows(
+      settings=settings, progress=progress, learner=learner, dataset=dataset,
+      replay=replay, counter=synced, actors=actors, join=join)
+  checkpoints = CheckpointCoordinator(
+      settings=settings, progress=progress, learner=learner, dataset=dataset,
+      replay=replay, synced_counter=synced, counter=counter, actors=actors,
+      evaluator=evaluator, join=join, rows=rows)
+  return LearnerNode(
+      settings=settings, stop=stop, learner=learner, dataset=dataset,
+      progress=progress, rows=rows, checkpoints=checkpoints, join=join,
+      variables=VariableSource(learner, lambda: progress.updates),
+      health=rows.health)
 
 
 def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
@@ -186,22 +180,20 @@ def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
   another host (``remote_peers.py``)."""
   from agent import parallel
   from agent.builder import seed_keys
-  from reverb_tables import checkpoint as rckpt
 
   dist = settings.dist
   parallel.initialize_processes(
       settings.coordinator_address, dist.learner_processes, process_id,
       gloo_host=settings.gloo_host if gloo_host is None else gloo_host)
-  builder, stop = settings.builder, PeerStop()
+  builder, stop = settings.builder, stopping.NodeStop()
   wait_for_replay(replay, stop.requested)
   dataset = builder.make_dataset_iterator(replay, should_stop=stop.requested)
-  learner = stop.learner = builder.make_learner(
+  learner = builder.make_learner(
       seed_keys(settings.config.seed)['learner'], builder.make_networks(),
       dataset, should_stop=stop.requested)
+  stop.also(learner.peers_stopped)     # process 0 stopped the learner
   if settings.resume:
-    rckpt.load_replay_state(settings.resume, None,
-                            latent_store=dataset.latent_store)
-    learner.restore(rundir.load_learner_state(settings.resume, learner.state))
+    rundir.restore_learner(settings.resume, learner, dataset)
   return LearnerPeerNode(settings, process_id, learner, dataset, stop)
 
 
@@ -302,10 +294,11 @@ def make_join_node(settings: ProgramSettings, replay, learner,
   if node_restart() and os.path.exists(claims_file):
     book.restore(rundir.read_json(claims_file))
   return JoinService(
-      settings, book, functools.partial(builder.make_adder, replay),
-      StepLayout.from_step_spec(builder.step_spec),
-      SyncedCounter(counter, time_delta=dist.counter_sync_s), learner,
-      secret, claims_file)
+      settings=settings, book=book,
+      make_adder=functools.partial(builder.make_adder, replay),
+      layout=StepLayout.from_step_spec(builder.step_spec),
+      counter=SyncedCounter(counter, time_delta=dist.counter_sync_s),
+      learner=learner, secret=secret, claims_file=claims_file)
 
 
 # --- the program ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from experiments.run import metrics
+from experiments.run import health, metrics
 from experiments.run import restarts as restart_log
 from experiments.run.config import log, next_multiple
 
@@ -37,8 +37,10 @@ class TrainRows:
   the next multiple of ``--log_every`` (``poll``) and whenever asked
   (``write``: the final row, the persistent-skip stop)."""
 
-  def __init__(self, settings, progress: Progress, learner, dataset, replay,
-               counter, actors, join=None):
+  def __init__(self, *, settings, progress: Progress, learner, dataset,
+               replay, counter, actors, join=None):
+    """``counter``: the learner's synced counter; ``join``: the join
+    service's handle (None without one)."""
     self._settings, self._progress = settings, progress
     self._learner, self._dataset, self._replay = learner, dataset, replay
     self._counter, self._actors, self._join = counter, list(actors), join
@@ -47,7 +49,10 @@ class TrainRows:
                                   settings.run.log_every)
     self.last_row: Dict[str, Any] = {}
     self.last_row_step: Optional[int] = None
-    self.health = None              # the SkipGuard, whose counts go in rows
+    # Persistent skipped updates stop the run (spec 4.9); their counts go in
+    # the rows, and the last row is written right before the stop.
+    self.health = health.SkipGuard(settings.run.max_skipped_updates,
+                                   settings.run.logdir, on_stop=self.write)
     self._mark: Optional[metrics.Tally] = None
     self._logger: Optional[metrics.RunLogger] = None
     self._prev_actor_stats: Dict[int, Dict[str, Any]] = {}
@@ -93,7 +98,7 @@ class TrainRows:
         now, self._mark or now, config=settings.config,
         segment=settings.segment, wall_time=self._progress.wall_time,
         learner_metrics=self._learner.pop_metric_means(),
-        extra={**(self.health.row() if self.health else {}),
+        extra={**self.health.row(),
                **self._join_row(), 'num_actors': settings.dist.num_actors,
                'run/restarts': restart_log.count_restarts(settings.run.logdir),
                **self._actor_row()})

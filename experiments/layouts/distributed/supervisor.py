@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional
 from launchpad.launch import worker_manager
 from launchpad.launch.run_locally import launch_local_output_to_files
 
-from experiments.run.rundir import tail_lines
+from experiments.run.log_files import tail_lines
 
 TAIL_LINES = 20
 # Set by the supervisor in the environment of a node it restarts in place:

@@ -39,7 +39,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -266,6 +266,39 @@ def _heartbeat(link: _Link, ticket: Dict[str, Any], every: float,
       return
 
 
+def _claim(address: str, secret: bytes, num_envs: int,
+           stop: threading.Event) -> Tuple[wire.Connection, Dict[str, Any]]:
+  """(connection, ticket) of a claim of ``num_envs`` envs at ``address``;
+  ValueError when the program refuses it."""
+  conn = _connect(address, secret, stop)
+  conn.send({'type': 'claim', 'num_envs': int(num_envs),
+             'who': f'{socket.gethostname()}:{os.getpid()}'})
+  header, _ = conn.recv()
+  if header.get('type') != 'claimed':
+    conn.close()
+    raise ValueError(f'the program at {address} refused the join: '
+                     f'{header.get("reason", header)}')
+  return conn, header
+
+
+def _leave(conn: wire.Connection, link: '_Link',
+           ticket: Dict[str, Any]) -> Dict[str, float]:
+  """Asks to leave (unless the link failed), closes the connection;
+  returns the claim's stats as the service counted them."""
+  stats: Dict[str, float] = dict(link.stats)
+  if link.error is None:
+    try:
+      conn.send({'type': 'leave', 'claim': int(ticket['claim']),
+                 'token': ticket['token']})
+      left = link.wait('left', LEAVE_S)
+      if left is not None:
+        stats = left[0].get('stats') or stats
+    except (OSError, ValueError) as e:
+      log(f'[join] could not say goodbye to the program: {e}')
+  conn.close()
+  return stats
+
+
 def join_program(target: str, num_envs: int, secret_file: str = '',
                  stop: Optional[threading.Event] = None) -> Dict[str, Any]:
   """Acts for the program at ``target`` with ``num_envs`` envs until it
@@ -282,15 +315,7 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
   address = service_address(target)
   secret = joiner_secret(target, secret_file)
   stop = stop or threading.Event()
-  conn = _connect(address, secret, stop)
-  conn.send({'type': 'claim', 'num_envs': int(num_envs),
-             'who': f'{socket.gethostname()}:{os.getpid()}'})
-  header, _ = conn.recv()
-  if header.get('type') != 'claimed':
-    conn.close()
-    raise ValueError(f'the program at {address} refused the join: '
-                     f'{header.get("reason", header)}')
-  ticket = header
+  conn, ticket = _claim(address, secret, num_envs, stop)
   settings = ProgramSettings.from_json(ticket['settings'])
   c, claim = settings.config, int(ticket['claim'])
   log(f'[join] claim {claim}: {num_envs} envs of {settings.run.task} as workers '
@@ -339,19 +364,10 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
   while not stop.wait(0.2):
     pass
   acting_thread.join(LEAVE_S)
-  stats: Dict[str, float] = dict(link.stats)
   why = (link.error or ('the program stopped' if link.program_stopped else
                         'a stop signal') if 'error' not in failure else
          f'acting failed: {failure["error"]!r}')
-  if link.error is None:
-    try:
-      conn.send({'type': 'leave', 'claim': claim, 'token': ticket['token']})
-      left = link.wait('left', LEAVE_S)
-      if left is not None:
-        stats = left[0].get('stats') or stats
-    except (OSError, ValueError) as e:
-      log(f'[join] could not say goodbye to the program: {e}')
-  conn.close()
+  stats = _leave(conn, link, ticket)
   wall = time.time() - t0
   log(f'[join] left ({why}): {stats.get("env_steps", 0):.0f} env steps, '
       f'{stats.get("episodes", 0):.0f} episodes, {stats.get("items", 0):.0f} '
