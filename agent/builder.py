@@ -20,7 +20,7 @@ releases use.
   actor   = builder.make_actor(key2, policy, adder, variable_source=learner)
   schedule = builder.make_train_schedule()               # one process (6.1)
 
-In one process (``agent.local.DreamerAgent``) the learner is the variable
+In one process (``experiments.layouts.scheduled.DreamerAgent``) the learner is the variable
 source and the actor refreshes its params before each policy call; in
 separate processes (``experiments/layouts/distributed/``) the same methods
 take a remote client and a remote variable source. Rate limiting: the uniform
@@ -181,7 +181,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   def make_train_schedule(self) -> TrainSchedule:
     """The spec 6.1 / 6.2 schedule of one process: updates due after each
     transition, train_ratio / (B*T) of them, gated on train_fill items
-    (``agent.local.ScheduledUpdates`` runs it)."""
+    (``experiments.layouts.scheduled.ScheduledUpdates`` runs it)."""
     return TrainSchedule(self.config)
 
   # -- learner / actor --------------------------------------------------------------
@@ -214,7 +214,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     calls; ``versioned`` also fetches the source's 'num_updates'
     (``agent.actor.VersionedVariableClient``, remote learners). ``on_add``
     runs after each env's step is added (the one-process schedule,
-    ``agent.local.ScheduledUpdates``).
+    ``experiments.layouts.scheduled.ScheduledUpdates``).
     """
     if variable_source is None:
       raise ValueError('make_actor needs a variable_source (the learner)')

@@ -32,9 +32,9 @@ from agent.parallel import check_batch_size
 from experiments.envs import suites
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.settings import RULES, DistributedConfig
-from experiments.run.config import (
-    RUN_RULES, RunConfig, check_max_skipped, rule_ok, rule_text)
+from experiments.run.config import RUN_RULES, RunConfig, check_max_skipped
 from experiments.run.experiment import DreamerExperiment, make_experiment
+from reverb_tables.config import REPLAY_RULES, rule_ok, rule_text
 from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
 # Flags that map onto DreamerConfig fields directly (flag name == field name).
@@ -82,7 +82,6 @@ FLAG_GROUPS = (
         'join_secret_file', 'join', 'remote_learner_processes',
         'learner_peer')),
 )
-MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
 def help_text(fv: flags.FlagValues, usage: str = '') -> str:
@@ -125,8 +124,17 @@ def jax_process_env(environ=None) -> dict:
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines the run flags (and their validators) on ``fv``."""
+  """Defines the run flags (and their validators) on ``fv``, by group."""
   F = dict(flag_values=fv)
+  _define_run_flags(F)
+  _define_replay_flags(F)
+  _define_program_flags(F)
+  _define_remote_flags(F)
+  _register_validators(fv)
+
+
+def _define_run_flags(F: dict) -> None:
+  """Task, budget, model, evaluation and log cadence."""
   flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium'],
                     'Where --task comes from: dm_control, gym 0.26 or '
                     'gymnasium 1.x '
@@ -172,6 +180,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'updates, keyed by update count (bench/parity.py); '
                        '0 = none.', **F)
   flags.DEFINE_float('progress_every', 10.0, 'Seconds between progress lines.', **F)
+
+
+def _define_replay_flags(F: dict) -> None:
+  """Replay, learner and device flags."""
   flags.DEFINE_integer('batch_size', 16, 'B (spec Table 4).', **F)
   flags.DEFINE_integer('batch_length', 64, 'T trained steps per row (spec 5.1).', **F)
   flags.DEFINE_integer('replay_capacity', 5_000_000, 'Replay items (spec 5.1).', **F)
@@ -213,6 +225,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                      "policy's range); steps beyond it are refused, and "
                      'sampled items beyond it dropped '
                      '(reverb_tables/step_checks.py); inf: no limit.', **F)
+
+
+def _define_program_flags(F: dict) -> None:
+  """The Launchpad program (--distributed) and its learner processes."""
   # The Launchpad layout (experiments/layouts/distributed/).
   flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
                     '(experiments/layouts/distributed/).', **F)
@@ -277,6 +293,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'network: its gloo listener is not sealed and, like '
                        'the program\'s coordination service and Reverb, '
                        'authenticates nobody.', **F)
+
+
+def _define_remote_flags(F: dict) -> None:
+  """Remote actors and the join service (docs/security.md)."""
   flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
                        'for remote actors that join the running program '
                        '(--join); 0: none can join.', **F)
@@ -311,31 +331,24 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       '(--join_secret_file) '
                       '(experiments/layouts/distributed/join/remote.py).', **F)
 
+
+def _register_validators(fv: flags.FlagValues) -> None:
+  """Each flag's check: the range tables and the rules of their homes."""
+  F = dict(flag_values=fv)
+
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
 
   flags.register_multi_flags_validator(
       ['suite', 'task', 'time_limit', 'image', 'proprio'], _task_ok,
       flag_values=fv, message='--suite / --task / --time_limit / --image')
-  v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
-  # The range rules of the run and the program: one table each
-  # (RUN_RULES, settings.RULES), checked again when the configs are made.
-  for rule in list(RUN_RULES.values()) + list(RULES.values()):
+  # The range rules of the replay, the run and the program: one table each
+  # (REPLAY_RULES, RUN_RULES, settings.RULES), checked again when the
+  # configs are made.
+  for rule in (list(REPLAY_RULES.values()) + list(RUN_RULES.values()) +
+               list(RULES.values())):
     if rule[0] in fv:
       v(rule[0], functools.partial(rule_ok, rule), rule_text(rule))
-  v('seed', lambda x: x is not None and 0 <= x < MAX_SEED,
-    f'must be in [0, {MAX_SEED})')
-  v('eval_episodes', lambda x: x is not None and 0 <= x <= 1000,
-    'must be in [0, 1000]')
-  v('checkpoint_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
-  v('log_every', lambda x: x is not None and x > 0, 'must be > 0 env steps')
-  v('learner_log_every', lambda x: x is not None and x >= 0,
-    'must be >= 0 updates (0: no learner rows)')
-  v('progress_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
-  v('batch_size', lambda x: x is not None and x >= 1, 'must be >= 1')
-  v('batch_length', lambda x: x is not None and x >= 2, 'must be >= 2')
-  v('replay_capacity', lambda x: x is not None and x >= 1, 'must be >= 1')
-  v('train_fill', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('time_limit', lambda x: x is None or x > 0, 'must be > 0 seconds')
   v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('max_skipped_updates', _max_skipped_ok, 'must be an integer >= 0 '
@@ -529,10 +542,6 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
   except ValueError as e:
     raise ValueError(f'invalid configuration from flags: {e}') from e
   check_batch_size(config.batch_size, fv.learner_devices)
-  if config.batch_size * config.seq_len > config.replay_capacity:
-    raise ValueError(f'--replay_capacity {config.replay_capacity} must be >= '
-                     f'batch_size * (batch_length + 1) = '
-                     f'{config.batch_size * config.seq_len}')
   names = FLAG_NAMES + (DIST_FLAG_NAMES if fv.distributed else ())
   text = ''.join(fv[name].serialize() + '\n' for name in names
                  if fv[name].serialize())

@@ -220,7 +220,7 @@ class _BlockingSampler:
 
 def test_replay_iterator_stops_while_blocked():
   from reverb_tables.latent_store import LatentStore
-  config = make_config(size='tiny', batch_size=1, batch_length=1,
+  config = make_config(size='tiny', batch_size=1, batch_length=2,
                        replay_capacity=100)
   stop = threading.Event()
   hooks = []

@@ -19,7 +19,7 @@ from reverb_tables.adder import WindowAdder, step_spec_from_server
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.ratio import TrainSchedule
 from reverb_tables.sampler import ReplaySampler, annotate
-from reverb_tables.tables import (ONLINE_TABLE, UNIFORM_TABLE,
+from reverb_tables.tables import (for_one_process, ONLINE_TABLE, UNIFORM_TABLE,
                                   make_replay_tables, make_server)
 
 SPACES = types.EnvSpaces(obs={'a': (3,), 'b': ()}, act_dim=2)
@@ -384,16 +384,19 @@ def test_ratio_rate_limiter_table_and_capacity_check():
   assert make_replay_tables(types.step_spec(SPACES, no_queue), no_queue,
                             'ratio')[0].info.rate_limiter_info.samples_per_insert == 64
   # One process: the band covers the items waiting in 4 workers' open chunks.
-  sync = make_replay_tables(types.step_spec(SPACES, config), config,
-                            'ratio_sync', num_workers=4, chunk_length=8)
+  # The layout adapts the builder's table from its own limiter info.
+  sync = for_one_process(tables, num_workers=4, chunk_length=8)
   sinfo = sync[0].info.rate_limiter_info
   lag = 4 * 7
+  assert sinfo.samples_per_insert == info.samples_per_insert
   assert sinfo.min_size_to_sample == 1          # max(1, 16 - lag)
   assert sinfo.max_diff - sinfo.min_diff == pytest.approx(
       info.max_diff - info.min_diff + 2 * info.samples_per_insert * lag)
+  assert sync[0].info.max_size == tables[0].info.max_size
+  assert sync[0].info.signature == tables[0].info.signature
+  assert sync[1] is tables[1]
   with pytest.raises(ValueError, match='capacity'):
-    make_replay_tables(types.step_spec(SPACES, config),
-                       tiny(replay_capacity=10), 'min_size')
+    tiny(replay_capacity=10)
   with pytest.raises(ValueError, match='rate_limiter'):
     make_replay_tables(types.step_spec(SPACES, config), config, 'bogus')
 
