@@ -28,7 +28,6 @@ from typing import Optional, Tuple
 from absl import flags
 
 from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config
-from agent.parallel import check_batch_size
 from experiments.envs import suites
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.settings import RULES, DistributedConfig
@@ -541,7 +540,6 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
     config = make_config(**kw)
   except ValueError as e:
     raise ValueError(f'invalid configuration from flags: {e}') from e
-  check_batch_size(config.batch_size, fv.learner_devices)
   names = FLAG_NAMES + (DIST_FLAG_NAMES if fv.distributed else ())
   text = ''.join(fv[name].serialize() + '\n' for name in names
                  if fv[name].serialize())

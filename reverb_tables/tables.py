@@ -16,21 +16,14 @@ one uint8 column [65, width] (``packed_window_signature``,
 bookkeeping. The adder packs and the sampler unpacks, so callers only see the
 nested layout.
 
-Rate limiting (spec 6.1): the ``uniform`` table's SampleToInsertRatio keeps
-the replay ratio in both layouts (``make_rate_limiter``):
+Rate limiting (spec 6.1): the ``uniform`` table takes the limiter it is
+given: the builder's SampleToInsertRatio that holds train_ratio
+(``agent.builder.DreamerBuilder.make_rate_limiter``, as acme's builders make
+their own), or MinSize(1) by default, for tools that drive sampling
+themselves.
 
-  samples_per_insert = train_ratio / batch_length (8 at RR 512: B*T/T rows per
-      inserted step, spec 6.1 "parallel" script) less the online rows per
-      insert, 1 / seq_len (one window in 65 is also queued, spec 5.4, and the
-      learner pops it instead of a uniform row), so uniform + online rows per
-      inserted item equal train_ratio / batch_length.
-  ``'ratio'`` (separate actor and learner processes): min_size_to_sample =
-      ``train_fill`` (spec 6.2 gate; the reference parallel script uses
-      B*65 = 1040, see docs/deviations.md "Replay") and error_buffer = 4*B
-      samples (the reference tolerance, spec 6.1), widened if needed to the
-      minimum Reverb accepts (2 * samples_per_insert range).
   One process (the learner stepped by the spec 6.1 schedule after every
-      transition): the layout adapts the builder's 'ratio' table from its own
+      transition): the layout adapts the builder's table from its own
       ``rate_limiter_info`` (``for_one_process``), as acme's one-process
       runner adapts a builder's tables: the same ratio with a band that covers
       what the synchronous loop cannot avoid, so the limiter never blocks the
@@ -42,7 +35,6 @@ the replay ratio in both layouts (``make_rate_limiter``):
       ``table.can_sample`` for its queues the same way): an update the limiter
       would refuse is deferred, never a deadlock
       (``experiments.layouts.scheduled``).
-  ``'min_size'`` MinSize(1), for tools that drive sampling themselves.
 """
 
 from __future__ import annotations
@@ -60,7 +52,6 @@ from reverb_tables.packing import StepLayout
 UNIFORM_TABLE = 'uniform'
 ONLINE_TABLE = 'online'
 TABLE_NAMES = (UNIFORM_TABLE, ONLINE_TABLE)
-RATE_LIMITERS = ('ratio', 'min_size')
 
 
 def window_signature(step_spec, config: ReplayConfig):
@@ -100,48 +91,13 @@ def online_queue_size(config: ReplayConfig) -> int:
   up to B per update, so it can only fill if nothing trains for >= capacity
   transitions.
   """
-  config = ReplayConfig.of(config)
   return max(1, config.replay_capacity // config.seq_len)
-
-
-def ratio_error_buffer(config: ReplayConfig) -> float:
-  """SampleToInsertRatio tolerance: 4*B samples (spec 6.1 parallel script).
-
-  Reverb requires the allowed range (2 * error_buffer) to be at least
-  2 * max(1, samples_per_insert), so tiny test configs are widened to that.
-  """
-  config = ReplayConfig.of(config)
-  spi = config.train_ratio / config.batch_length
-  return float(max(4 * config.batch_size, spi, 1.0))
-
-
-def samples_per_insert(config: ReplayConfig) -> float:
-  """Uniform rows sampled per inserted item (module doc, spec 6.1, 5.4)."""
-  config = ReplayConfig.of(config)
-  rows = config.train_ratio / config.batch_length
-  if config.online_queue and rows > 2.0 / config.seq_len:
-    rows -= 1.0 / config.seq_len
-  return rows
 
 
 def sync_lag_items(num_workers: int, chunk_length: int) -> int:
   """Items of a one-process loop that only its own progress sends to the
   server: the ones waiting in each worker's open chunk (module doc)."""
   return int(num_workers) * max(0, int(chunk_length) - 1)
-
-
-def make_rate_limiter(config: ReplayConfig, rate_limiter: str = 'min_size'):
-  """The ``uniform`` table's rate limiter (spec 6.1, 6.2); see module doc."""
-  config = ReplayConfig.of(config)
-  if rate_limiter == 'min_size':
-    return reverb.rate_limiters.MinSize(1)
-  if rate_limiter != 'ratio':
-    raise ValueError(
-        f'rate_limiter must be one of {RATE_LIMITERS}, got {rate_limiter!r}')
-  return reverb.rate_limiters.SampleToInsertRatio(
-      samples_per_insert=samples_per_insert(config),
-      min_size_to_sample=max(1, config.train_fill),
-      error_buffer=ratio_error_buffer(config))
 
 
 def table_stats(client: reverb.Client, timeout: Optional[int] = None):
@@ -171,14 +127,15 @@ def can_sample(client: reverb.Client, num_samples: int,
 
 
 def make_replay_tables(step_spec, config: ReplayConfig,
-                       rate_limiter: str = 'min_size') -> List[reverb.Table]:
-  """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5, 6.1).
+                       rate_limiter=None) -> List[reverb.Table]:
+  """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5).
 
   Args:
     step_spec: per-step dm_env specs, ``agent.types.step_spec(spaces, config)``.
     config: a ReplayConfig (or any object with its fields, e.g. DreamerConfig)
-      (capacity, seq_len, batch sizes, train ratio).
-    rate_limiter: 'ratio' (the replay ratio, spec 6.1) or 'min_size'.
+      (capacity, seq_len).
+    rate_limiter: the uniform table's ``reverb.rate_limiters`` limiter
+      (module doc); None: MinSize(1).
   """
   config = ReplayConfig.of(config)
   signature = packed_window_signature(step_spec, config)
@@ -186,7 +143,8 @@ def make_replay_tables(step_spec, config: ReplayConfig,
       name=ONLINE_TABLE, max_size=online_queue_size(config),
       signature=signature)
   return [_uniform_table(signature, config.replay_capacity,
-                         make_rate_limiter(config, rate_limiter)), online]
+                         rate_limiter or reverb.rate_limiters.MinSize(1)),
+          online]
 
 
 def _uniform_table(signature, max_size: int, rate_limiter):

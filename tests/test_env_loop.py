@@ -177,7 +177,7 @@ def test_eval_episodes_one_score_per_env(setup):
 
 
 def _agent_run(setup, train_step, schedule_ratio, vector_steps):
-  """DreamerAgent + learner on a real server with the 'ratio_sync' limiter."""
+  """DreamerAgent + learner on a real server with the one-process limiter (for_one_process)."""
   config, spaces, builder, nets, _ = setup
   server = tables_lib.make_server(tables_lib.for_one_process(
       builder.make_replay_tables(), num_workers=2,

@@ -7,7 +7,7 @@ shape of acme's ``LocalLayout`` (the experiment's builder makes every piece,
   env      = VectorEnv(task, N)          # N envs as one dm_env.Environment
   server   = Reverb server with builder.make_replay_tables() (uniform +
              online), the uniform table's limiter adapted to one process
-             (``reverb_tables.tables.for_one_process``, 'ratio_sync')
+             (``reverb_tables.tables.for_one_process``)
   schedule = builder.make_train_schedule()              # spec 6.1, 6.2
   updates  = ScheduledUpdates(learner, schedule, ...)   # the actor's on_add
   actor    = builder.make_actor(..., on_add=updates)
