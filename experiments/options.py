@@ -19,8 +19,6 @@ works as a --flagfile.
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import functools
 import os
 from typing import Optional, Tuple
@@ -28,6 +26,7 @@ from typing import Optional, Tuple
 from absl import flags
 
 from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config
+from experiments.config_overrides import CONFIG_FLAGS, parse_overrides
 from experiments.envs import suites
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.settings import RULES, DistributedConfig
@@ -36,9 +35,6 @@ from experiments.run.experiment import DreamerExperiment, make_experiment
 from reverb_tables.config import REPLAY_RULES, rule_ok, rule_text
 from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
-# Flags that map onto DreamerConfig fields directly (flag name == field name).
-CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
-                'batch_length', 'replay_capacity')
 FLAG_NAMES = (
     'suite', 'task', 'size', 'train_ratio', 'action_repeat', 'num_envs', 'env_steps',
     'seed', 'logdir', 'compute_dtype', 'eval_every', 'eval_episodes',
@@ -395,63 +391,6 @@ def _task_ok(values) -> bool:
       msg = f'--task is not a task of --suite={values["suite"]}: {msg}'
     raise flags.ValidationError(msg) from e
   return True
-
-
-def _field_types():
-  """{DreamerConfig field: the Python type of its default} (None: Optional)."""
-  return {f.name: type(f.default) for f in dataclasses.fields(DreamerConfig)}
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-# field type -> (accepts, converts, what to ask for)
-_TYPE_RULES = {
-    type(None): (lambda v: v is None or _is_int(v), lambda v: v,
-                 'an integer or None'),        # Optional[int] (units_override)
-    bool: (lambda v: isinstance(v, bool), bool, 'a bool (True or False)'),
-    int: (lambda v: _is_int(v) or (isinstance(v, float) and v.is_integer()),
-          int, 'an integer'),
-    float: (lambda v: _is_int(v) or isinstance(v, float), float, 'a number'),
-    str: (lambda v: isinstance(v, str), str, 'a string'),
-    tuple: (lambda v: isinstance(v, (tuple, list)), tuple, 'a tuple'),
-}
-
-
-def _typed(name: str, value, kind):
-  """``value`` as field ``name``'s type ``kind``; ValueError naming both."""
-  if kind not in _TYPE_RULES:
-    return value
-  accepts, convert, want = _TYPE_RULES[kind]
-  if accepts(value):
-    return convert(value)
-  raise ValueError(f'--config_overrides: {name}={value!r} must be {want} '
-                   f'(DreamerConfig.{name} is {kind.__name__})')
-
-
-def parse_overrides(entries) -> dict:
-  """['lr=1e-4', 'online_queue=False'] -> {'lr': 1e-4, 'online_queue': False}.
-
-  Each value is checked against the DreamerConfig field's type before
-  anything is built or written (ValueError naming the field)."""
-  types = _field_types()
-  out = {}
-  for entry in entries or []:
-    if '=' not in entry:
-      raise ValueError(f'--config_overrides entry {entry!r} is not name=value')
-    name, raw = entry.split('=', 1)
-    name = name.strip()
-    if name not in types:
-      raise ValueError(f'--config_overrides: unknown DreamerConfig field {name!r}')
-    if name in CONFIG_FLAGS or name == 'train_fill':
-      raise ValueError(f'--config_overrides: set {name!r} with --{name}')
-    try:
-      value = ast.literal_eval(raw.strip())
-    except (ValueError, SyntaxError):
-      value = raw.strip()            # bare strings, e.g. latent_store_dtype=float32
-    out[name] = _typed(name, value, types[name])
-  return out
 
 
 def _overrides_ok(entries) -> bool:
