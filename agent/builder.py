@@ -20,7 +20,7 @@ releases use.
   actor   = builder.make_actor(key2, policy, adder, variable_source=learner)
   schedule = builder.make_train_schedule()               # one process (6.1)
 
-In one process (``experiments.layouts.scheduled.DreamerAgent``) the learner is the variable
+In one process (``experiments.layouts.scheduled``) the learner is the variable
 source and the actor refreshes its params before each policy call; in
 separate processes (``experiments/layouts/distributed/``) the same methods
 take a remote client and a remote variable source. Rate limiting: the uniform

@@ -1,6 +1,7 @@
 """Acting through acme.EnvironmentLoop (experiments/run/env_loop.py) over the
 dm_env VectorEnv, and the one-process agent with the Reverb rate limiter
-(experiments/layouts/scheduled.py): real dm_control tasks, a real Reverb server."""
+(experiments/layouts/scheduled.py): real dm_control tasks, a real Reverb
+server."""
 import agent  # noqa: F401  (jax compat before acme)
 
 import dm_env
@@ -177,7 +178,8 @@ def test_eval_episodes_one_score_per_env(setup):
 
 
 def _agent_run(setup, train_step, schedule_ratio, vector_steps):
-  """DreamerAgent + learner on a real server with the one-process limiter (for_one_process)."""
+  """DreamerAgent + learner on a real server with the one-process limiter
+  (for_one_process)."""
   config, spaces, builder, nets, _ = setup
   server = tables_lib.make_server(tables_lib.for_one_process(
       builder.make_replay_tables(), num_workers=2,

@@ -116,7 +116,8 @@ class Trainer:
                                               lambda: self.env_steps),
         log_every=run.learner_log_every)
     # train_ratio bounds the learner here: after each added transition the
-    # schedule's due updates run, each gated on the limiter (experiments.layouts.scheduled).
+    # schedule's due updates run, each gated on the limiter
+    # (experiments.layouts.scheduled).
     rows = c.batch_size * (2 if run.prefetch else 1)
     # Persistent skipped updates stop the run (spec 4.9).
     self.health = health.SkipGuard(run.max_skipped_updates, self.logdir,

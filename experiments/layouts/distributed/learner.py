@@ -89,8 +89,8 @@ class LearnerNode:
       while not self._stop.requested():
         try:
           # train_ratio bounds the learner here (the last file of the README
-          # table "How a run is wired"): step() takes its batch from the dataset, whose
-          # Reverb sample blocks while the uniform table's
+          # table "How a run is wired"): step() takes its batch from the
+          # dataset, whose Reverb sample blocks while the uniform table's
           # SampleToInsertRatio says the actors have not inserted enough.
           self._health.observe(self._learner.step())
         except StopRequested:
