@@ -20,12 +20,12 @@ releases use.
   actor   = builder.make_actor(key2, policy, adder, variable_source=learner)
   schedule = builder.make_train_schedule()               # one process (6.1)
 
-In one process (``agent.local.DreamerAgent``) the learner is the variable
+In one process (``experiments.layouts.scheduled``) the learner is the variable
 source and the actor refreshes its params before each policy call; in
 separate processes (``experiments/layouts/distributed/``) the same methods
 take a remote client and a remote variable source. Rate limiting: the uniform
-table's SampleToInsertRatio (``reverb_tables.tables``, 'ratio': spec 6.1
-"parallel"); the one-process layout widens its band for the exact spec 6.1
+table's SampleToInsertRatio (``make_rate_limiter``, spec 6.1 "parallel");
+the one-process layout widens its band for the exact spec 6.1
 schedule (``reverb_tables.tables.for_one_process``), as acme's runner adapts
 a builder's limiter to its layout: the builder never hears which layout it
 is in. The dataset iterator samples one batch ahead (spec 6.3b) unless
@@ -132,13 +132,36 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
 
   # -- replay ---------------------------------------------------------------------
   def make_replay_tables(self, environment_spec=None) -> List[reverb.Table]:
-    """``uniform`` + ``online`` tables (spec 5.1, 5.4, 6.1).
-
-    The uniform table's ``SampleToInsertRatio`` limiter ('ratio') holds
-    train_ratio: it is what bounds a learner in its own process; the
-    one-process layout adapts it (``reverb_tables.tables.for_one_process``)."""
+    """``uniform`` + ``online`` tables (spec 5.1, 5.4) with the uniform
+    table's ``make_rate_limiter``; the one-process layout adapts it
+    (``reverb_tables.tables.for_one_process``)."""
     del environment_spec  # the step spec comes from (spaces, config)
-    return make_replay_tables(self.step_spec, self.config, 'ratio')
+    return make_replay_tables(self.step_spec, self.config,
+                              self.make_rate_limiter())
+
+  def make_rate_limiter(self) -> reverb.rate_limiters.RateLimiter:
+    """Where train_ratio bounds the learner (spec 6.1, 6.2), as acme's
+    builders make their SampleToInsertRatio:
+
+      samples_per_insert = train_ratio / T (8 at RR 512: B*T/T rows per
+          inserted step, spec 6.1 "parallel" script) less the online rows
+          per insert, 1 / seq_len (one window in 65 is also queued, spec 5.4,
+          and the learner pops it instead of a uniform row), so uniform +
+          online rows per inserted item equal train_ratio / T.
+      min_size_to_sample = train_fill (spec 6.2 gate; the reference parallel
+          script uses B*65 = 1040, docs/deviations.md "Replay").
+      error_buffer = 4*B samples (the reference tolerance, spec 6.1),
+          widened if needed to the minimum Reverb accepts
+          (2 * max(1, samples_per_insert) range).
+    """
+    c = self.config
+    rows = c.train_ratio / c.batch_length
+    spi = rows
+    if c.online_queue and rows > 2.0 / c.seq_len:
+      spi = rows - 1.0 / c.seq_len
+    return reverb.rate_limiters.SampleToInsertRatio(
+        samples_per_insert=spi, min_size_to_sample=max(1, c.train_fill),
+        error_buffer=float(max(4 * c.batch_size, rows, 1.0)))
 
   def make_adder(self, replay_client: reverb.Client, *,
                  num_workers: Optional[int] = None,
@@ -181,7 +204,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
   def make_train_schedule(self) -> TrainSchedule:
     """The spec 6.1 / 6.2 schedule of one process: updates due after each
     transition, train_ratio / (B*T) of them, gated on train_fill items
-    (``agent.local.ScheduledUpdates`` runs it)."""
+    (``experiments.layouts.scheduled.ScheduledUpdates`` runs it)."""
     return TrainSchedule(self.config)
 
   # -- learner / actor --------------------------------------------------------------
@@ -214,7 +237,7 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     calls; ``versioned`` also fetches the source's 'num_updates'
     (``agent.actor.VersionedVariableClient``, remote learners). ``on_add``
     runs after each env's step is added (the one-process schedule,
-    ``agent.local.ScheduledUpdates``).
+    ``experiments.layouts.scheduled.ScheduledUpdates``).
     """
     if variable_source is None:
       raise ValueError('make_actor needs a variable_source (the learner)')

@@ -144,16 +144,11 @@ class DreamerConfig:
     if self.compute_dtype not in COMPUTE_DTYPES:
       raise ValueError(f'compute_dtype must be one of {COMPUTE_DTYPES}, '
                        f'got {self.compute_dtype!r}')
-    if self.latent_store_dtype not in ('float32', 'bfloat16'):
-      raise ValueError('latent_store_dtype must be float32 or bfloat16, got '
-                       f'{self.latent_store_dtype!r}')
     if self.replay_context != 1:
       raise ValueError('Only replay_context=1 is implemented (spec 5.8).')
-    for name in ('batch_size', 'batch_length', 'imag_horizon', 'bins'):
+    for name in ('imag_horizon', 'bins'):
       if getattr(self, name) <= 0:
         raise ValueError(f'{name} must be positive, got {getattr(self, name)}')
-    if self.train_ratio <= 0:
-      raise ValueError(f'train_ratio must be positive, got {self.train_ratio}')
     if self.bins % 2 != 1:
       raise ValueError(f'bins must be odd (symmetric two-hot), got {self.bins}')
     p = self.preset
@@ -161,6 +156,9 @@ class DreamerConfig:
       raise ValueError(f'deter {p.deter} not divisible by blocks {self.blocks}')
     if self.classes > 256:
       raise ValueError('classes > 256 cannot be stored as uint8 indices')
+    # The replay's rules (batch sizes, train ratio, capacity, latent dtype)
+    # have one home, the replay's own config (spec 5, 6.1).
+    _replay_config.ReplayConfig.of(self)
 
   # --- derived sizes ----------------------------------------------------------
   @property

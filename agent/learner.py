@@ -22,7 +22,7 @@ later updates. ``save()`` / ``restore()`` round-trip the full
 ``TrainingState`` (params, slow critic, optimizer, return normaliser, update
 count, rng) as numpy trees.
 
-The same learner runs in one process (``agent.local.DreamerAgent``) and as
+The same learner runs in one process (``experiments.layouts.scheduled``) and as
 the Launchpad learner node (``experiments/layouts/distributed/learner.py``): the iterator only
 needs ``__next__`` and ``write_back`` (``ReplayIterator`` over a
 ``ReplaySampler`` on a Reverb client), and the learner is the

@@ -52,7 +52,8 @@ _TRACING_MESH: contextvars.ContextVar = contextvars.ContextVar(
 
 def check_batch_size(batch_size: int, num_devices: int) -> None:
   """ValueError unless the batch splits evenly over the learner devices (the
-  one place this rule lives: flags, builder and learner call it)."""
+  one place this rule lives: the builder and a learner made without one
+  call it, before anything is written)."""
   if num_devices < 1 or batch_size % num_devices:
     raise ValueError(f'--batch_size {batch_size} must be a multiple of '
                      f'--learner_devices {num_devices} (each device trains on '

@@ -19,8 +19,6 @@ works as a --flagfile.
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import functools
 import os
 from typing import Optional, Tuple
@@ -28,18 +26,15 @@ from typing import Optional, Tuple
 from absl import flags
 
 from agent.config import COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config
-from agent.parallel import check_batch_size
+from experiments.config_overrides import CONFIG_FLAGS, parse_overrides
 from experiments.envs import suites
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.settings import RULES, DistributedConfig
-from experiments.run.config import (
-    RUN_RULES, RunConfig, check_max_skipped, rule_ok, rule_text)
+from experiments.run.config import RUN_RULES, RunConfig, check_max_skipped
 from experiments.run.experiment import DreamerExperiment, make_experiment
+from reverb_tables.config import REPLAY_RULES, rule_ok, rule_text
 from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
-# Flags that map onto DreamerConfig fields directly (flag name == field name).
-CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
-                'batch_length', 'replay_capacity')
 FLAG_NAMES = (
     'suite', 'task', 'size', 'train_ratio', 'action_repeat', 'num_envs', 'env_steps',
     'seed', 'logdir', 'compute_dtype', 'eval_every', 'eval_episodes',
@@ -82,7 +77,6 @@ FLAG_GROUPS = (
         'join_secret_file', 'join', 'remote_learner_processes',
         'learner_peer')),
 )
-MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
 
 
 def help_text(fv: flags.FlagValues, usage: str = '') -> str:
@@ -125,8 +119,17 @@ def jax_process_env(environ=None) -> dict:
 
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
-  """Defines the run flags (and their validators) on ``fv``."""
+  """Defines the run flags (and their validators) on ``fv``, by group."""
   F = dict(flag_values=fv)
+  _define_run_flags(F)
+  _define_replay_flags(F)
+  _define_program_flags(F)
+  _define_remote_flags(F)
+  _register_validators(fv)
+
+
+def _define_run_flags(F: dict) -> None:
+  """Task, budget, model, evaluation and log cadence."""
   flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium'],
                     'Where --task comes from: dm_control, gym 0.26 or '
                     'gymnasium 1.x '
@@ -172,6 +175,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'updates, keyed by update count (bench/parity.py); '
                        '0 = none.', **F)
   flags.DEFINE_float('progress_every', 10.0, 'Seconds between progress lines.', **F)
+
+
+def _define_replay_flags(F: dict) -> None:
+  """Replay, learner and device flags."""
   flags.DEFINE_integer('batch_size', 16, 'B (spec Table 4).', **F)
   flags.DEFINE_integer('batch_length', 64, 'T trained steps per row (spec 5.1).', **F)
   flags.DEFINE_integer('replay_capacity', 5_000_000, 'Replay items (spec 5.1).', **F)
@@ -213,6 +220,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                      "policy's range); steps beyond it are refused, and "
                      'sampled items beyond it dropped '
                      '(reverb_tables/step_checks.py); inf: no limit.', **F)
+
+
+def _define_program_flags(F: dict) -> None:
+  """The Launchpad program (--distributed) and its learner processes."""
   # The Launchpad layout (experiments/layouts/distributed/).
   flags.DEFINE_bool('distributed', False, 'Run as a Launchpad local_mp program '
                     '(experiments/layouts/distributed/).', **F)
@@ -277,6 +288,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                        'network: its gloo listener is not sealed and, like '
                        'the program\'s coordination service and Reverb, '
                        'authenticates nobody.', **F)
+
+
+def _define_remote_flags(F: dict) -> None:
+  """Remote actors and the join service (docs/security.md)."""
   flags.DEFINE_integer('join_slots', 0, '--distributed: env workers reserved '
                        'for remote actors that join the running program '
                        '(--join); 0: none can join.', **F)
@@ -311,31 +326,24 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
                       '(--join_secret_file) '
                       '(experiments/layouts/distributed/join/remote.py).', **F)
 
+
+def _register_validators(fv: flags.FlagValues) -> None:
+  """Each flag's check: the range tables and the rules of their homes."""
+  F = dict(flag_values=fv)
+
   def v(name, check, msg):
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
 
   flags.register_multi_flags_validator(
       ['suite', 'task', 'time_limit', 'image', 'proprio'], _task_ok,
       flag_values=fv, message='--suite / --task / --time_limit / --image')
-  v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
-  # The range rules of the run and the program: one table each
-  # (RUN_RULES, settings.RULES), checked again when the configs are made.
-  for rule in list(RUN_RULES.values()) + list(RULES.values()):
+  # The range rules of the replay, the run and the program: one table each
+  # (REPLAY_RULES, RUN_RULES, settings.RULES), checked again when the
+  # configs are made.
+  for rule in (list(REPLAY_RULES.values()) + list(RUN_RULES.values()) +
+               list(RULES.values())):
     if rule[0] in fv:
       v(rule[0], functools.partial(rule_ok, rule), rule_text(rule))
-  v('seed', lambda x: x is not None and 0 <= x < MAX_SEED,
-    f'must be in [0, {MAX_SEED})')
-  v('eval_episodes', lambda x: x is not None and 0 <= x <= 1000,
-    'must be in [0, 1000]')
-  v('checkpoint_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
-  v('log_every', lambda x: x is not None and x > 0, 'must be > 0 env steps')
-  v('learner_log_every', lambda x: x is not None and x >= 0,
-    'must be >= 0 updates (0: no learner rows)')
-  v('progress_every', lambda x: x is not None and x > 0, 'must be > 0 seconds')
-  v('batch_size', lambda x: x is not None and x >= 1, 'must be >= 1')
-  v('batch_length', lambda x: x is not None and x >= 2, 'must be >= 2')
-  v('replay_capacity', lambda x: x is not None and x >= 1, 'must be >= 1')
-  v('train_fill', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('time_limit', lambda x: x is None or x > 0, 'must be > 0 seconds')
   v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
   v('max_skipped_updates', _max_skipped_ok, 'must be an integer >= 0 '
@@ -383,63 +391,6 @@ def _task_ok(values) -> bool:
       msg = f'--task is not a task of --suite={values["suite"]}: {msg}'
     raise flags.ValidationError(msg) from e
   return True
-
-
-def _field_types():
-  """{DreamerConfig field: the Python type of its default} (None: Optional)."""
-  return {f.name: type(f.default) for f in dataclasses.fields(DreamerConfig)}
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-# field type -> (accepts, converts, what to ask for)
-_TYPE_RULES = {
-    type(None): (lambda v: v is None or _is_int(v), lambda v: v,
-                 'an integer or None'),        # Optional[int] (units_override)
-    bool: (lambda v: isinstance(v, bool), bool, 'a bool (True or False)'),
-    int: (lambda v: _is_int(v) or (isinstance(v, float) and v.is_integer()),
-          int, 'an integer'),
-    float: (lambda v: _is_int(v) or isinstance(v, float), float, 'a number'),
-    str: (lambda v: isinstance(v, str), str, 'a string'),
-    tuple: (lambda v: isinstance(v, (tuple, list)), tuple, 'a tuple'),
-}
-
-
-def _typed(name: str, value, kind):
-  """``value`` as field ``name``'s type ``kind``; ValueError naming both."""
-  if kind not in _TYPE_RULES:
-    return value
-  accepts, convert, want = _TYPE_RULES[kind]
-  if accepts(value):
-    return convert(value)
-  raise ValueError(f'--config_overrides: {name}={value!r} must be {want} '
-                   f'(DreamerConfig.{name} is {kind.__name__})')
-
-
-def parse_overrides(entries) -> dict:
-  """['lr=1e-4', 'online_queue=False'] -> {'lr': 1e-4, 'online_queue': False}.
-
-  Each value is checked against the DreamerConfig field's type before
-  anything is built or written (ValueError naming the field)."""
-  types = _field_types()
-  out = {}
-  for entry in entries or []:
-    if '=' not in entry:
-      raise ValueError(f'--config_overrides entry {entry!r} is not name=value')
-    name, raw = entry.split('=', 1)
-    name = name.strip()
-    if name not in types:
-      raise ValueError(f'--config_overrides: unknown DreamerConfig field {name!r}')
-    if name in CONFIG_FLAGS or name == 'train_fill':
-      raise ValueError(f'--config_overrides: set {name!r} with --{name}')
-    try:
-      value = ast.literal_eval(raw.strip())
-    except (ValueError, SyntaxError):
-      value = raw.strip()            # bare strings, e.g. latent_store_dtype=float32
-    out[name] = _typed(name, value, types[name])
-  return out
 
 
 def _overrides_ok(entries) -> bool:
@@ -528,11 +479,6 @@ def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
     config = make_config(**kw)
   except ValueError as e:
     raise ValueError(f'invalid configuration from flags: {e}') from e
-  check_batch_size(config.batch_size, fv.learner_devices)
-  if config.batch_size * config.seq_len > config.replay_capacity:
-    raise ValueError(f'--replay_capacity {config.replay_capacity} must be >= '
-                     f'batch_size * (batch_length + 1) = '
-                     f'{config.batch_size * config.seq_len}')
   names = FLAG_NAMES + (DIST_FLAG_NAMES if fv.distributed else ())
   text = ''.join(fv[name].serialize() + '\n' for name in names
                  if fv[name].serialize())

@@ -13,11 +13,64 @@ so ``agent.config`` can import it cheaply.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 
 LATENT_STORE_DTYPES = ('float32', 'bfloat16')
+
+# A range rule: (flag, lowest, highest or None, lowest excluded). Defined in
+# this lowest layer so that every config (replay, agent, run, program) and
+# the flag validators of ``experiments.options`` read the same tables.
+Rule = Tuple[str, float, Optional[float], bool]
+
+
+def rule_ok(rule: Rule, value) -> bool:
+  """Whether ``value`` (a number, not a bool) satisfies ``rule``."""
+  _, lo, hi, open_lo = rule
+  if value is None or isinstance(value, bool):
+    return False
+  return (value > lo if open_lo else value >= lo) and (hi is None or
+                                                       value <= hi)
+
+
+def rule_text(rule: Rule) -> str:
+  """'must be in [1, 1000]' / 'must be > 0'."""
+  _, lo, hi, open_lo = rule
+  if hi is not None:
+    return f'must be in [{lo:g}, {hi:g}]'
+  return f'must be {">" if open_lo else ">="} {lo:g}'
+
+
+def check_rules(rules: Dict[str, Rule], obj) -> None:
+  """ValueError naming the flag of the first field of ``obj`` that breaks
+  its rule."""
+  for field, rule in rules.items():
+    value = getattr(obj, field)
+    if not rule_ok(rule, value):
+      raise ValueError(f'--{rule[0]} {rule_text(rule)}, got {value!r}')
+
+
+MAX_SEED = 1_000_000   # env seeds are (seed + offsets) * 1000 + i < 2**32
+
+# field: rule -- the one home of the replay's flag ranges. batch_length >= 2:
+# one trained step is the context of the next (spec 5.1, 5.8).
+REPLAY_RULES: Dict[str, Rule] = {
+    'train_ratio': ('train_ratio', 0, None, True),
+    'batch_size': ('batch_size', 1, None, False),
+    'batch_length': ('batch_length', 2, None, False),
+    'replay_capacity': ('replay_capacity', 1, None, False),
+    'train_fill': ('train_fill', 0, None, False),
+    'seed': ('seed', 0, MAX_SEED - 1, False),
+}
+
+
+def check_latent_store_dtype(name) -> str:
+  """``name`` if it is a stored-deter dtype (spec 5.7), else ValueError."""
+  if name not in LATENT_STORE_DTYPES:
+    raise ValueError(f'latent_store_dtype must be one of {LATENT_STORE_DTYPES},'
+                     f' got {name!r}')
+  return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,29 +110,25 @@ class ReplayConfig:
   seed: int
 
   def __post_init__(self):
-    for name in ('seq_len', 'batch_size', 'batch_length', 'replay_capacity',
-                 'batch_steps', 'deter', 'stoch', 'classes'):
+    check_rules(REPLAY_RULES, self)
+    for name in ('seq_len', 'batch_steps', 'deter', 'stoch', 'classes'):
       if getattr(self, name) <= 0:
-        raise ValueError(f'ReplayConfig.{name} must be positive, got '
-                         f'{getattr(self, name)}')
-    if self.train_ratio <= 0:
-      raise ValueError(
-          f'ReplayConfig.train_ratio must be positive, got {self.train_ratio}')
-    if self.train_fill < 0:
-      raise ValueError(
-          f'ReplayConfig.train_fill must be >= 0, got {self.train_fill}')
+        raise ValueError(f'{name} must be positive, got {getattr(self, name)}')
     if self.seq_len <= self.batch_length:
       raise ValueError(
-          f'ReplayConfig.seq_len {self.seq_len} must exceed batch_length '
+          f'seq_len {self.seq_len} must exceed batch_length '
           f'{self.batch_length} (T + replay context, spec 5.1, 5.8)')
     if self.batch_steps != self.batch_size * self.batch_length:
       raise ValueError(
-          f'ReplayConfig.batch_steps {self.batch_steps} != batch_size * '
+          f'batch_steps {self.batch_steps} != batch_size * '
           f'batch_length = {self.batch_size * self.batch_length} (spec 6.1)')
-    if self.latent_store_dtype not in LATENT_STORE_DTYPES:
+    if self.batch_size * self.seq_len > self.replay_capacity:
+      # spec 5.1: "A capacity check asserts batch_size*length <= capacity".
       raise ValueError(
-          f'ReplayConfig.latent_store_dtype must be one of '
-          f'{LATENT_STORE_DTYPES}, got {self.latent_store_dtype!r}')
+          f'--replay_capacity {self.replay_capacity} must be >= batch_size * '
+          f'(batch_length + 1) = {self.batch_size * self.seq_len} (spec 5.1 '
+          'capacity check)')
+    check_latent_store_dtype(self.latent_store_dtype)
 
   @classmethod
   def of(cls, obj: Any) -> 'ReplayConfig':
@@ -130,7 +179,5 @@ def latent_store_np_dtype(config: Union[str, Any]):
   """
   name = config if isinstance(config, str) else getattr(
       config, 'latent_store_dtype', None)
-  if name not in LATENT_STORE_DTYPES:
-    raise ValueError(f'latent_store_dtype must be one of {LATENT_STORE_DTYPES},'
-                     f' got {name!r} (from {type(config).__name__})')
+  check_latent_store_dtype(name)
   return np.uint16 if name == 'bfloat16' else np.float32

@@ -68,7 +68,6 @@ class TrainSchedule:
   """
 
   def __init__(self, config: ReplayConfig):
-    config = ReplayConfig.of(config)
     self._fill = int(config.train_fill)
     self._ratio = Ratio(config.train_ratio / config.batch_steps)
     self.num_updates = 0

@@ -16,30 +16,25 @@ one uint8 column [65, width] (``packed_window_signature``,
 bookkeeping. The adder packs and the sampler unpacks, so callers only see the
 nested layout.
 
-Rate limiting (spec 6.1): the ``uniform`` table's SampleToInsertRatio keeps
-the replay ratio in both layouts (``make_rate_limiter``):
+Rate limiting (spec 6.1): the ``uniform`` table takes the limiter it is
+given: the builder's SampleToInsertRatio that holds train_ratio
+(``agent.builder.DreamerBuilder.make_rate_limiter``, as acme's builders make
+their own), or MinSize(1) by default, for tools that drive sampling
+themselves.
 
-  samples_per_insert = train_ratio / batch_length (8 at RR 512: B*T/T rows per
-      inserted step, spec 6.1 "parallel" script) less the online rows per
-      insert, 1 / seq_len (one window in 65 is also queued, spec 5.4, and the
-      learner pops it instead of a uniform row), so uniform + online rows per
-      inserted item equal train_ratio / batch_length.
-  ``'ratio'`` (separate actor and learner processes): min_size_to_sample =
-      ``train_fill`` (spec 6.2 gate; the reference parallel script uses
-      B*65 = 1040, see docs/deviations.md "Replay") and error_buffer = 4*B
-      samples (the reference tolerance, spec 6.1), widened if needed to the
-      minimum Reverb accepts (2 * samples_per_insert range).
-  ``'ratio_sync'`` (one process, the learner stepped by the spec 6.1 schedule
-      after every transition): the same ratio with a band that covers what the
-      synchronous loop cannot avoid, so the limiter never blocks the exact
-      schedule: items wait in their workers' open chunks (up to
+  One process (the learner stepped by the spec 6.1 schedule after every
+      transition): the layout adapts the builder's table from its own
+      ``rate_limiter_info`` (``for_one_process``), as acme's one-process
+      runner adapts a builder's tables: the same ratio with a band that covers
+      what the synchronous loop cannot avoid, so the limiter never blocks the
+      exact schedule: items wait in their workers' open chunks (up to
       ``num_workers * (chunk_length - 1)`` items the server has not seen,
       ``reverb_tables.adder``), so min_size_to_sample is lowered and the error
       buffer widened by that many inserts. ``can_sample`` lets the loop ask
       before an update instead of blocking (Acme's ``LocalLayout`` asks
       ``table.can_sample`` for its queues the same way): an update the limiter
-      would refuse is deferred, never a deadlock (``agent.local``).
-  ``'min_size'`` MinSize(1), for tools that drive sampling themselves.
+      would refuse is deferred, never a deadlock
+      (``experiments.layouts.scheduled``).
 """
 
 from __future__ import annotations
@@ -57,7 +52,6 @@ from reverb_tables.packing import StepLayout
 UNIFORM_TABLE = 'uniform'
 ONLINE_TABLE = 'online'
 TABLE_NAMES = (UNIFORM_TABLE, ONLINE_TABLE)
-RATE_LIMITERS = ('ratio', 'ratio_sync', 'min_size')
 
 
 def window_signature(step_spec, config: ReplayConfig):
@@ -97,58 +91,13 @@ def online_queue_size(config: ReplayConfig) -> int:
   up to B per update, so it can only fill if nothing trains for >= capacity
   transitions.
   """
-  config = ReplayConfig.of(config)
   return max(1, config.replay_capacity // config.seq_len)
-
-
-def ratio_error_buffer(config: ReplayConfig) -> float:
-  """SampleToInsertRatio tolerance: 4*B samples (spec 6.1 parallel script).
-
-  Reverb requires the allowed range (2 * error_buffer) to be at least
-  2 * max(1, samples_per_insert), so tiny test configs are widened to that.
-  """
-  config = ReplayConfig.of(config)
-  spi = config.train_ratio / config.batch_length
-  return float(max(4 * config.batch_size, spi, 1.0))
-
-
-def samples_per_insert(config: ReplayConfig) -> float:
-  """Uniform rows sampled per inserted item (module doc, spec 6.1, 5.4)."""
-  config = ReplayConfig.of(config)
-  rows = config.train_ratio / config.batch_length
-  if config.online_queue and rows > 2.0 / config.seq_len:
-    rows -= 1.0 / config.seq_len
-  return rows
 
 
 def sync_lag_items(num_workers: int, chunk_length: int) -> int:
   """Items of a one-process loop that only its own progress sends to the
   server: the ones waiting in each worker's open chunk (module doc)."""
   return int(num_workers) * max(0, int(chunk_length) - 1)
-
-
-def make_rate_limiter(config: ReplayConfig, rate_limiter: str = 'min_size', *,
-                      num_workers: int = 1, chunk_length: int = 1):
-  """The ``uniform`` table's rate limiter (spec 6.1, 6.2); see module doc.
-
-  ``num_workers`` and ``chunk_length`` (the adder's) size the 'ratio_sync'
-  band."""
-  config = ReplayConfig.of(config)
-  if rate_limiter == 'min_size':
-    return reverb.rate_limiters.MinSize(1)
-  if rate_limiter not in ('ratio', 'ratio_sync'):
-    raise ValueError(
-        f'rate_limiter must be one of {RATE_LIMITERS}, got {rate_limiter!r}')
-  spi = samples_per_insert(config)
-  min_size = max(1, config.train_fill)
-  error_buffer = ratio_error_buffer(config)
-  if rate_limiter == 'ratio_sync':
-    lag = sync_lag_items(num_workers, chunk_length)
-    min_size = max(1, min_size - lag)
-    error_buffer += spi * lag
-  return reverb.rate_limiters.SampleToInsertRatio(
-      samples_per_insert=spi, min_size_to_sample=min_size,
-      error_buffer=error_buffer)
 
 
 def table_stats(client: reverb.Client, timeout: Optional[int] = None):
@@ -178,57 +127,60 @@ def can_sample(client: reverb.Client, num_samples: int,
 
 
 def make_replay_tables(step_spec, config: ReplayConfig,
-                       rate_limiter: str = 'min_size', *, num_workers: int = 1,
-                       chunk_length: int = 1) -> List[reverb.Table]:
-  """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5, 6.1).
+                       rate_limiter=None) -> List[reverb.Table]:
+  """Builds ``[uniform, online]`` (spec 5.1, 5.4, 5.5).
 
   Args:
     step_spec: per-step dm_env specs, ``agent.types.step_spec(spaces, config)``.
     config: a ReplayConfig (or any object with its fields, e.g. DreamerConfig)
-      (capacity, seq_len, batch sizes, train ratio).
-    rate_limiter: 'ratio' (separate processes), 'ratio_sync' (one process,
-      with ``num_workers`` and the adder's ``chunk_length``) or 'min_size'.
+      (capacity, seq_len).
+    rate_limiter: the uniform table's ``reverb.rate_limiters`` limiter
+      (module doc); None: MinSize(1).
   """
   config = ReplayConfig.of(config)
-  if config.batch_size * config.seq_len > config.replay_capacity:
-    # spec 5.1: "A capacity check asserts batch_size*length <= capacity".
-    raise ValueError(
-        f'replay_capacity {config.replay_capacity} < batch_size*seq_len '
-        f'{config.batch_size * config.seq_len} (spec 5.1 capacity check)')
   signature = packed_window_signature(step_spec, config)
   online = reverb.Table.queue(                  # spec 5.4: FIFO, pop on sample
       name=ONLINE_TABLE, max_size=online_queue_size(config),
       signature=signature)
-  return [_uniform_table(signature, config, make_rate_limiter(
-      config, rate_limiter, num_workers=num_workers,
-      chunk_length=chunk_length)), online]
+  return [_uniform_table(signature, config.replay_capacity,
+                         rate_limiter or reverb.rate_limiters.MinSize(1)),
+          online]
 
 
-def _uniform_table(signature, config: ReplayConfig, rate_limiter):
+def _uniform_table(signature, max_size: int, rate_limiter):
   return reverb.Table(
       name=UNIFORM_TABLE,
       sampler=reverb.selectors.Uniform(),       # spec 5.5: uniform only
       remover=reverb.selectors.Fifo(),          # spec 5.1: FIFO eviction
-      max_size=config.replay_capacity,          # spec 5.1: items, not episodes
+      max_size=max_size,                        # spec 5.1: items, not episodes
       rate_limiter=rate_limiter, signature=signature)
 
 
-def for_one_process(tables: Sequence[reverb.Table], step_spec,
-                    config: ReplayConfig, *, num_workers: int,
+def for_one_process(tables: Sequence[reverb.Table], *, num_workers: int,
                     chunk_length: int) -> List[reverb.Table]:
-  """The builder's 'ratio' tables adapted to one process: the uniform
-  table's limiter becomes 'ratio_sync' (module doc), the same ratio with the
-  band the synchronous schedule needs. What acme's one-process runner does
-  to a builder's tables (``_disable_insert_blocking``): the layout, not the
-  builder, knows whether actor and learner share a thread."""
-  config = ReplayConfig.of(config)
+  """The builder's 'ratio' tables adapted to one process (module doc): the
+  uniform table keeps its ratio, read back from its own
+  ``rate_limiter_info``, and its band grows by the ``sync_lag_items`` that
+  ``num_workers`` workers' open chunks of ``chunk_length`` hold back. What
+  acme's one-process runner does to a builder's tables
+  (``_disable_insert_blocking``): the layout, not the builder, knows whether
+  actor and learner share a thread, and the config is not read again.
+  Reverb 0.x has no ``Table.replace``, so the table is rebuilt from its info
+  (signature, capacity; the sampler and remover are the uniform table's)."""
+  lag = sync_lag_items(num_workers, chunk_length)
   out = []
   for table in tables:
     if table.name == UNIFORM_TABLE:
+      info = table.info
+      rl = info.rate_limiter_info
+      spi = rl.samples_per_insert
+      error_buffer = (rl.max_diff - rl.min_diff) / 2 + spi * lag
       table = _uniform_table(
-          packed_window_signature(step_spec, config), config,
-          make_rate_limiter(config, 'ratio_sync', num_workers=num_workers,
-                            chunk_length=chunk_length))
+          info.signature, info.max_size,
+          reverb.rate_limiters.SampleToInsertRatio(
+              samples_per_insert=spi,
+              min_size_to_sample=max(1, rl.min_size_to_sample - lag),
+              error_buffer=error_buffer))
     out.append(table)
   return out
 

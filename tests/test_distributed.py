@@ -151,9 +151,8 @@ def replay():
                        replay_capacity=10_000, latent_store_dtype='float32',
                        train_fill=4)
   builder = DreamerBuilder(config, SPACES, num_envs=4)
-  # Only inserts here, no learner to sample: no rate limit ('min_size').
-  server = make_server(make_replay_tables(builder.step_spec, config,
-                                          'min_size'))
+  # Only inserts here, no learner to sample: no rate limit (MinSize(1)).
+  server = make_server(make_replay_tables(builder.step_spec, config))
   client = server.localhost_client()
   yield config, builder, client
   server.stop()
@@ -220,7 +219,7 @@ class _BlockingSampler:
 
 def test_replay_iterator_stops_while_blocked():
   from reverb_tables.latent_store import LatentStore
-  config = make_config(size='tiny', batch_size=1, batch_length=1,
+  config = make_config(size='tiny', batch_size=1, batch_length=2,
                        replay_capacity=100)
   stop = threading.Event()
   hooks = []

@@ -1,6 +1,7 @@
 """Acting through acme.EnvironmentLoop (experiments/run/env_loop.py) over the
 dm_env VectorEnv, and the one-process agent with the Reverb rate limiter
-(agent/local.py): real dm_control tasks, a real Reverb server."""
+(experiments/layouts/scheduled.py): real dm_control tasks, a real Reverb
+server."""
 import agent  # noqa: F401  (jax compat before acme)
 
 import dm_env
@@ -15,7 +16,7 @@ from agent.actor import DreamerActor, StaticVariableClient
 from agent.builder import DreamerBuilder, seed_keys
 from agent.config import make_config
 from agent.learner import DreamerLearner
-from agent.local import DreamerAgent, ScheduledUpdates
+from experiments.layouts.scheduled import DreamerAgent, ScheduledUpdates
 from experiments.envs.dmc import DMCEnv
 from experiments.envs.vector import VectorEnv
 from experiments.run import env_loop
@@ -177,10 +178,11 @@ def test_eval_episodes_one_score_per_env(setup):
 
 
 def _agent_run(setup, train_step, schedule_ratio, vector_steps):
-  """DreamerAgent + learner on a real server with the 'ratio_sync' limiter."""
+  """DreamerAgent + learner on a real server with the one-process limiter
+  (for_one_process)."""
   config, spaces, builder, nets, _ = setup
   server = tables_lib.make_server(tables_lib.for_one_process(
-      builder.make_replay_tables(), builder.step_spec, config, num_workers=2,
+      builder.make_replay_tables(), num_workers=2,
       chunk_length=builder.chunk_length))
   client = server.localhost_client()
   adder = builder.make_adder(client)

@@ -13,13 +13,14 @@ import pytest
 import reverb
 
 from agent import types
+from agent.builder import DreamerBuilder
 from agent.config import make_config
 from reverb_tables import checkpoint as ckpt
 from reverb_tables.adder import WindowAdder, step_spec_from_server
 from reverb_tables.latent_store import LatentStore
 from reverb_tables.ratio import TrainSchedule
 from reverb_tables.sampler import ReplaySampler, annotate
-from reverb_tables.tables import (ONLINE_TABLE, UNIFORM_TABLE,
+from reverb_tables.tables import (for_one_process, ONLINE_TABLE, UNIFORM_TABLE,
                                   make_replay_tables, make_server)
 
 SPACES = types.EnvSpaces(obs={'a': (3,), 'b': ()}, act_dim=2)
@@ -60,11 +61,11 @@ class Replay:
   """A server + adder + sampler on a tiny config (test helper)."""
 
   def __init__(self, config, num_workers, checkpoint_dir=None,
-               rate_limiter='min_size', per_worker_capacity=None):
+               per_worker_capacity=None):
     self.config = config
     self.num_workers = num_workers
     self.spec = types.step_spec(SPACES, config)
-    self.tables = make_replay_tables(self.spec, config, rate_limiter)
+    self.tables = make_replay_tables(self.spec, config)
     self.server = make_server(self.tables, checkpoint_dir=checkpoint_dir)
     self.client = self.server.localhost_client()
     self.adder = WindowAdder(self.client, config, num_workers)
@@ -373,7 +374,7 @@ def test_step_spec_from_server_matches_types():
 def test_ratio_rate_limiter_table_and_capacity_check():
   """spec 6.1 (parallel script SamplesPerInsert) and spec 5.1 capacity check."""
   config = tiny(train_ratio=512, batch_length=8, train_fill=16)
-  tables = make_replay_tables(types.step_spec(SPACES, config), config, 'ratio')
+  tables = DreamerBuilder(config, SPACES, num_envs=1).make_replay_tables()
   info = tables[0].info.rate_limiter_info
   # uniform rows per insert = rows per insert less the online share (1/65).
   assert info.samples_per_insert == pytest.approx(512 / 8 - 1 / config.seq_len)
@@ -381,21 +382,25 @@ def test_ratio_rate_limiter_table_and_capacity_check():
   assert info.max_diff - info.min_diff == pytest.approx(
       2 * max(4 * config.batch_size, 512 / 8))
   no_queue = tiny(train_ratio=512, batch_length=8, online_queue=False)
-  assert make_replay_tables(types.step_spec(SPACES, no_queue), no_queue,
-                            'ratio')[0].info.rate_limiter_info.samples_per_insert == 64
+  assert DreamerBuilder(no_queue, SPACES, num_envs=1).make_replay_tables(
+  )[0].info.rate_limiter_info.samples_per_insert == 64
   # One process: the band covers the items waiting in 4 workers' open chunks.
-  sync = make_replay_tables(types.step_spec(SPACES, config), config,
-                            'ratio_sync', num_workers=4, chunk_length=8)
+  # The layout adapts the builder's table from its own limiter info.
+  sync = for_one_process(tables, num_workers=4, chunk_length=8)
   sinfo = sync[0].info.rate_limiter_info
   lag = 4 * 7
+  assert sinfo.samples_per_insert == info.samples_per_insert
   assert sinfo.min_size_to_sample == 1          # max(1, 16 - lag)
   assert sinfo.max_diff - sinfo.min_diff == pytest.approx(
       info.max_diff - info.min_diff + 2 * info.samples_per_insert * lag)
+  assert sync[0].info.max_size == tables[0].info.max_size
+  assert sync[0].info.signature == tables[0].info.signature
+  assert sync[1] is tables[1]
   with pytest.raises(ValueError, match='capacity'):
-    make_replay_tables(types.step_spec(SPACES, config),
-                       tiny(replay_capacity=10), 'min_size')
-  with pytest.raises(ValueError, match='rate_limiter'):
-    make_replay_tables(types.step_spec(SPACES, config), config, 'bogus')
+    tiny(replay_capacity=10)
+  # Without a limiter (tools that drive sampling themselves): MinSize(1).
+  plain = make_replay_tables(types.step_spec(SPACES, config), config)
+  assert plain[0].info.rate_limiter_info.min_size_to_sample == 1
 
 
 # --- checkpoint / resume --------------------------------------------------------------

@@ -51,8 +51,8 @@ class Replay:
 
   def __init__(self, builder):
     self.server = make_server(for_one_process(
-        builder.make_replay_tables(), builder.step_spec, builder.config,
-        num_workers=builder.num_envs, chunk_length=builder.chunk_length))
+        builder.make_replay_tables(), num_workers=builder.num_envs,
+        chunk_length=builder.chunk_length))
     self.client = self.server.localhost_client()
     self.adder = builder.make_adder(self.client)
     self.dataset = builder.make_dataset_iterator(self.client)

@@ -7,7 +7,7 @@ shape of acme's ``LocalLayout`` (the experiment's builder makes every piece,
   env      = VectorEnv(task, N)          # N envs as one dm_env.Environment
   server   = Reverb server with builder.make_replay_tables() (uniform +
              online), the uniform table's limiter adapted to one process
-             (``reverb_tables.tables.for_one_process``, 'ratio_sync')
+             (``reverb_tables.tables.for_one_process``)
   schedule = builder.make_train_schedule()              # spec 6.1, 6.2
   updates  = ScheduledUpdates(learner, schedule, ...)   # the actor's on_add
   actor    = builder.make_actor(..., on_add=updates)
@@ -80,7 +80,7 @@ class Trainer:
     from acme.utils import counting
 
     from agent.builder import seed_keys
-    from agent.local import DreamerAgent, ScheduledUpdates
+    from experiments.layouts.scheduled import DreamerAgent, ScheduledUpdates
     from reverb_tables import tables as tables_lib
 
     run, c = self.run_config, self.config
@@ -96,8 +96,8 @@ class Trainer:
     # The layout adapts the builder's limiter: learner and actor share this
     # thread, so the band must hold the exact spec 6.1 schedule.
     tables = tables_lib.for_one_process(
-        self.builder.make_replay_tables(), self.builder.step_spec, c,
-        num_workers=run.num_envs, chunk_length=self.builder.chunk_length)
+        self.builder.make_replay_tables(), num_workers=run.num_envs,
+        chunk_length=self.builder.chunk_length)
     self.server = tables_lib.make_server(tables, checkpoint_dir=reverb_root)
     self.client = self.server.localhost_client()
     if state:
@@ -115,7 +115,8 @@ class Trainer:
                                               lambda: self.env_steps),
         log_every=run.learner_log_every)
     # train_ratio bounds the learner here: after each added transition the
-    # schedule's due updates run, each gated on the limiter (agent.local).
+    # schedule's due updates run, each gated on the limiter
+    # (experiments.layouts.scheduled).
     rows = c.batch_size * (2 if run.prefetch else 1)
     # Persistent skipped updates stop the run (spec 4.9).
     self.health = health.SkipGuard(run.max_skipped_updates, self.logdir,

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from experiments.envs import suites
 from experiments.envs.vector import VectorEnv
+from reverb_tables.config import Rule, check_rules
 from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
 # Segment r of a run seeds its training envs from seed + SEGMENT_SEED_STRIDE*r;
@@ -48,13 +49,15 @@ def next_multiple(x: int, every: int) -> int:
   return (int(x) // int(every) + 1) * int(every)
 
 
-# A range rule: (flag, lowest, highest or None, lowest excluded).
-Rule = Tuple[str, float, Optional[float], bool]
-
 # field: rule -- the one home of the RunConfig's range rules (flags:
 # experiments.options registers the same table as absl validators).
 RUN_RULES: Dict[str, Rule] = {
     'env_steps': ('env_steps', 0, None, True),
+    'eval_episodes': ('eval_episodes', 0, 1000, False),
+    'checkpoint_every': ('checkpoint_every', 0, None, True),
+    'log_every': ('log_every', 0, None, True),
+    'learner_log_every': ('learner_log_every', 0, None, False),
+    'progress_every': ('progress_every', 0, None, True),
     'num_envs': ('num_envs', 1, 1000, False),
     'action_repeat': ('action_repeat', 1, None, False),
     'eval_every': ('eval_every', 0, None, False),
@@ -62,32 +65,6 @@ RUN_RULES: Dict[str, Rule] = {
     'policy_device': ('policy_device', 0, None, False),
     'replay_value_limit': ('replay_value_limit', 0, None, True),
 }
-
-
-def rule_ok(rule: Rule, value) -> bool:
-  """Whether ``value`` (a number, not a bool) satisfies ``rule``."""
-  _, lo, hi, open_lo = rule
-  if value is None or isinstance(value, bool):
-    return False
-  return (value > lo if open_lo else value >= lo) and (hi is None or
-                                                       value <= hi)
-
-
-def rule_text(rule: Rule) -> str:
-  """'must be in [1, 1000]' / 'must be > 0'."""
-  _, lo, hi, open_lo = rule
-  if hi is not None:
-    return f'must be in [{lo:g}, {hi:g}]'
-  return f'must be {">" if open_lo else ">="} {lo:g}'
-
-
-def check_rules(rules: Dict[str, Rule], obj) -> None:
-  """ValueError naming the flag of the first field of ``obj`` that breaks
-  its rule."""
-  for field, rule in rules.items():
-    value = getattr(obj, field)
-    if not rule_ok(rule, value):
-      raise ValueError(f'--{rule[0]} {rule_text(rule)}, got {value!r}')
 
 
 def check_max_skipped(value) -> int:

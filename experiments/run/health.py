@@ -121,7 +121,7 @@ class SkipGuard:
   def watch(self, learner) -> '_WatchedLearner':
     """``learner`` whose ``step()`` feeds this guard; every other attribute
     is the learner's (the one-process layout hands it to
-    ``agent.local.ScheduledUpdates``)."""
+    ``experiments.layouts.scheduled.ScheduledUpdates``)."""
     return _WatchedLearner(learner, self)
 
 

@@ -13,7 +13,7 @@ MODES = ('single_process', 'distributed')
 
 RUN_STATE_SCHEMA = 2
 # What every layout's learner saves; the one-process layout adds its train
-# schedule's position (``agent.local.ScheduledUpdates``), the Launchpad one
+# schedule's position (``ScheduledUpdates``), the Launchpad one
 # its join service's claim numbers: each writes only what it has.
 LEARNER_KEYS = ('updates', 'online_rows', 'uniform_rows', 'wall_time',
                 'next_log')

@@ -89,9 +89,9 @@ class LearnerNode:
     try:
       while not self._stop.requested():
         try:
-          # train_ratio bounds the learner here (hop 4 of README "How a run
-          # is wired"): step() takes its batch from the dataset, whose
-          # Reverb sample blocks while the uniform table's
+          # train_ratio bounds the learner here (the last file of the README
+          # table "How a run is wired"): step() takes its batch from the
+          # dataset, whose Reverb sample blocks while the uniform table's
           # SampleToInsertRatio says the actors have not inserted enough.
           self._health.observe(self._learner.step())
         except StopRequested:

@@ -15,9 +15,10 @@ replay items (spec 6.2). So the schedule runs inside the actor's add path:
   (``reverb_tables.tables.can_sample``, room for this batch and the
   prefetched next one): an update it would refuse is owed and run as soon as
   the limiter allows, so the synchronous loop never blocks inside Reverb.
-  With the 'ratio_sync' band nothing is ever owed while the schedule runs as
-  the spec says; after a resume every worker needs seq_len - 1 steps before
-  its first new item, and those updates wait for the inserts they need.
+  With the one-process band (``for_one_process``) nothing is ever owed
+  while the schedule runs as the spec says; after a resume every worker
+  needs seq_len - 1 steps before its first new item, and those updates
+  wait for the inserts they need.
   This is where train_ratio bounds the learner in one process.
 * ``DreamerAgent`` is what the environment loop drives: acme's Actor and
   VariableSource interfaces (what acme's Agent implements), delegating to the
