@@ -195,6 +195,11 @@ class AleEnv(dm_env.Environment):
       return dm_env.truncation(reward, self.pooled())
     return dm_env.transition(reward, self.pooled())
 
+  def render(self) -> np.ndarray:
+    """The current screen, (210, 160, 3) uint8 RGB (what
+    ``experiments.tools.watch`` records)."""
+    return self.ale.getScreenRGB()
+
   def pooled(self) -> np.ndarray:
     """The max over the last ``POOLING`` frames (full resolution)."""
     return np.maximum.reduce(self._screens)
