@@ -30,6 +30,11 @@ Outputs
     Our last-5 mean is the mean over runs of each run's last 5 episodes. Its
     step is the mean over runs of each run's last env step.
 
+Atari runs (``--anchors experiments/data/atari100k-dreamerv3.json.gz``, what
+an Atari run's own report uses) are plotted against the official Atari 100K
+curves, and the table is followed by human-normalised scores (ours, DreamerV3,
+PPO) with their mean and median (``experiments/tools/atari_scores.py``).
+
 The spec 7.7 targets at 490K are a task mean of 757.8 and a median of 868.5.
 """
 
@@ -52,6 +57,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
       os.path.abspath(__file__)))))
 
 from experiments.run.config import log  # noqa: E402
+from experiments.tools import atari_scores  # noqa: E402
 from experiments.run.rundir import (  # noqa: E402
     EVAL_DIR, REPORT_FILE, SCORES_FILE, normalize_task)
 
@@ -59,11 +65,16 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'data')
 ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_proprio-dreamerv3.json.gz')
 VISION_ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_vision-dreamerv3.json.gz')
+ATARI_ANCHOR_FILE = os.path.join(DATA_DIR, 'atari100k-dreamerv3.json.gz')
+ATARI_PPO_FILE = os.path.join(DATA_DIR, 'atari100k-ppo_fixhp.json.gz')
 
 
-def anchor_file(image: bool) -> str:
-  """The official curves a run is plotted against: DMC vision for a run
-  that observes images (spec 2.10), DMC proprio otherwise."""
+def anchor_file(image: bool, suite: str = 'dmc') -> str:
+  """The official curves a run is plotted against: Atari 100K for an
+  Atari run, DMC vision for a run that observes images (spec 2.10), DMC
+  proprio otherwise."""
+  if suite == 'atari':
+    return ATARI_ANCHOR_FILE
   return VISION_ANCHOR_FILE if image else ANCHOR_FILE
 LAST_N = 5          # "last-5 mean" of the table
 BINSIZE = 10_000    # widest curve bin in env steps (the anchor curves' spacing)
@@ -447,7 +458,11 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   runs_by_task = load_scores(logdirs)
   anchors = load_anchors(anchors_path)
   plot(runs_by_task, anchors, out_png, binsize=binsize, xmax=xmax)
-  table = format_table(summarize(runs_by_task, anchors, last_n), last_n)
+  rows = summarize(runs_by_task, anchors, last_n)
+  table = format_table(rows, last_n)
+  if os.path.abspath(anchors_path) == os.path.abspath(ATARI_ANCHOR_FILE):
+    table += atari_scores.hns_table(rows, {
+        'DreamerV3': anchors, 'PPO': load_anchors(ATARI_PPO_FILE)})
   from_eval = sorted({r.logdir for runs in runs_by_task.values()
                       for r in runs if r.source == 'eval'})
   if from_eval:
