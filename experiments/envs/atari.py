@@ -152,8 +152,9 @@ class AleEnv(dm_env.Environment):
     self._rng = np.random.default_rng(seed)
     self._noops, self._max_frames = int(noops), max_frames
     with _ALE_LOCK:
+      # Static, set before construction: ALE prints its banner there.
+      ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
       self.ale = ale_py.ALEInterface()
-      self.ale.setLoggerMode(ale_py.LoggerMode.Error)
       self.ale.setInt('random_seed', int(self._rng.integers(0, 2 ** 31)))
       self.ale.setFloat('repeat_action_probability', 0.0)   # no sticky actions
       self.ale.loadROM(path)
