@@ -211,3 +211,52 @@ def test_tiny_atari_run_trains_from_frames(tmp_path, jax_cache_dir):
                        max_steps=40, horizon=10)
   assert os.path.getsize(result['video']) > 1000
   assert os.path.getsize(result['openloop_image']) > 1000
+
+
+def test_human_normalised_scores_use_the_published_table():
+  from experiments.tools import atari_scores
+  reference = atari_scores.reference_scores()
+  assert sorted(reference) == sorted(
+      g if g != 'james_bond' else 'jamesbond' for g in atari.ATARI100K_GAMES)
+  # Typed from the published tables (random, human).
+  assert reference['pong'] == (-20.7, 14.6)
+  assert reference['boxing'] == (0.1, 12.1)
+  assert reference['ms_pacman'] == (307.3, 6951.6)
+  assert atari_scores.normalised('pong', -20.7) == 0.0
+  assert atari_scores.normalised('pong', 14.6) == pytest.approx(1.0)
+  assert atari_scores.normalised('boxing', 6.1) == pytest.approx(0.5)
+  with pytest.raises(ValueError, match="no random / human score for Atari "
+                     "game 'cartpole'"):
+    atari_scores.normalised('cartpole', 1.0)
+
+
+def test_atari_report_plots_against_official_curves_with_hns_table(tmp_path):
+  """An Atari run's report: official DreamerV3 curves, then the HNS table
+  (ours, DreamerV3, PPO; mean and median over the games)."""
+  from experiments.run import rundir
+  from experiments.tools import report
+  assert rundir.normalize_task('atari_pong') == 'pong'
+  assert rundir.normalize_task('atari100k_ms_pacman') == 'ms_pacman'
+  path = report.anchor_file(False, 'atari')
+  assert path.endswith('atari100k-dreamerv3.json.gz')
+  anchors = report.load_anchors(path)
+  assert len(anchors) == 26 and anchors['pong'].ys.shape[0] == 5
+  logdir = str(tmp_path / 'run')
+  for step in range(40_000, 400_001, 40_000):
+    rundir.append_score(logdir, 'pong', step, -21.0 + step / 40_000, 0)
+    rundir.append_score(logdir, 'boxing', step, 0.1 + step / 100_000, 0)
+  out = str(tmp_path / 'report.png')
+  table = report.make_report(logdir, out, anchors_path=path)
+  assert os.path.getsize(out) > 10_000
+  # Last-5 means: pong (-15-14-13-12-11)/5 = -13, boxing 0.1+(2.4+...+4)/5 = 3.3.
+  pong_hns = (-13.0 + 20.7) / 35.3
+  boxing_hns = (3.3 - 0.1) / 12.0
+  lines = {line.split('|')[1].strip(): line for line in table.splitlines()
+           if line.startswith('|')}
+  assert f'{pong_hns:.3f}' in lines['pong']
+  assert f'{boxing_hns:.3f}' in lines['boxing']
+  mean_row = [v.strip() for v in lines['**mean** (2 games)'].split('|')]
+  assert mean_row[4] == f'{(pong_hns + boxing_hns) / 2:.3f}'
+  official = (anchors['pong'].at(400_000)[1] + 20.7) / 35.3
+  assert lines['pong'].split('|')[5].strip() == f'{official:.3f}'
+  assert 'PPO HNS' in table and 'DreamerV3 HNS' in table
