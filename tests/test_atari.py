@@ -1,7 +1,8 @@
 """Atari through ale-py (spec 7.6 Atari100K; the official atari100k env,
 embodied/envs/atari.py at e3f0224): the env's semantics against a reference
 played by hand on a second ALE, the action sets, lives, the frame cap, a
-tiny end-to-end run, and the bad inputs named before anything is written."""
+tiny end-to-end run with watch, the bad inputs named before anything is
+written, and the report (official curves, human-normalised table)."""
 
 import os
 import sys
