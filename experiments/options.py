@@ -130,14 +130,14 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def _define_run_flags(F: dict) -> None:
   """Task, budget, model, evaluation and log cadence."""
-  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium'],
-                    'Where --task comes from: dm_control, gym 0.26 or '
-                    'gymnasium 1.x '
+  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium', 'atari'],
+                    'Where --task comes from: dm_control, gym 0.26, '
+                    'gymnasium 1.x or ale-py (Atari) '
                     '(experiments/envs/suites.py).', **F)
   flags.DEFINE_string('task', 'walker_walk',
                       'dmc: task "domain_task" (spec 7.5 list in '
                       'experiments/envs/dmc.py); gym / gymnasium: a task id '
-                      'like CartPole-v1.', **F)
+                      'like CartPole-v1; atari: a game like pong.', **F)
   flags.DEFINE_enum('size', 'size12m', sorted(SIZE_PRESETS),
                     'Model size preset (spec 2.1); paper protocol size12m.', **F)
   flags.DEFINE_float('train_ratio', 512.0,

@@ -85,7 +85,7 @@ def start(experiment: DreamerExperiment,
                summary.get('stopped_by') == 'signal')
     if run.report and not stopped and not summary.get('already_done'):
       summary['report'] = report.write_run_report(
-          run.logdir, report.anchor_file(run.image))
+          run.logdir, report.anchor_file(run.image, run.suite))
     return summary
   return run_and_report
 

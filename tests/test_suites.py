@@ -165,7 +165,7 @@ def test_unknown_tasks_and_suites():
   with pytest.raises(ValueError, match="Unknown gym task 'CartPole-v9'.*CartPole-v1"):
     suites.check_task('gym', 'CartPole-v9')
   with pytest.raises(ValueError, match='unknown suite'):
-    suites.check_task('atari', 'Pong')
+    suites.check_task('procgen', 'coinrun')
   # A typo gets "did you mean" with the close names, in every suite.
   with pytest.raises(ValueError, match="'CartPol-v1'. Did you mean 'CartPole-v1'"):
     suites.check_task('gym', 'CartPol-v1')

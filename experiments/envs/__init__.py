@@ -4,9 +4,10 @@
   dmc.py       dm_control tasks (the DMC-proprio list, DMCEnv)
   gym.py       gym 0.26 tasks (acme's GymWrapper on the new API)
   gymnasium.py gymnasium 1.x tasks (a small dm_env wrapper: acme has none)
-  suites.py    make_env / check_task over 'dmc', 'gym', 'gymnasium', 'custom'
+  atari.py     Atari games through ale-py (the official atari100k semantics)
+  suites.py    make_env / check_task over 'dmc', 'gym', 'gymnasium', 'atari', 'custom'
   vector.py    VectorEnv: N envs as one dm_env.Environment; EpisodeTracker
 
-Imports point one way: protocol <- dmc, gym, gymnasium <- suites <- vector. Nothing here
+Imports point one way: protocol <- dmc, gym, gymnasium, atari <- suites <- vector. Nothing here
 imports the run layer.
 """

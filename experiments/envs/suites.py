@@ -17,6 +17,9 @@
 * ``'gymnasium'``: a registered gymnasium 1.x task id, through
   ``experiments.envs.gymnasium.GymnasiumEnv`` (terminated -> is_terminal,
   truncated -> is_last only; seeds through ``reset(seed=...)``).
+* ``'atari'``: an Atari game such as ``pong`` through ale-py,
+  ``experiments.envs.atari.AtariEnv`` (the official atari100k semantics:
+  64x64 RGB 'image', max-pooled frames, 30 no-ops, minimal action set).
 * ``'custom'``: ``env_factory(seed) -> dm_env.Environment``, the caller's
   own env (``experiments.run_dmc.train``, README "Your own environment").
 
@@ -33,7 +36,7 @@ import dm_env
 from experiments.envs import dmc
 from experiments.envs.protocol import ProtocolEnv
 
-SUITES = ('dmc', 'gym', 'gymnasium', 'custom')
+SUITES = ('dmc', 'gym', 'gymnasium', 'atari', 'custom')
 EnvFactory = Callable[[int], dm_env.Environment]
 
 
@@ -60,6 +63,12 @@ def check_task(suite: str, task: str, time_limit: Optional[float] = None,
     names = gymnasium.task_names()
     if task not in names:
       raise ValueError(gymnasium.unknown_task_message(task, names))
+  elif suite == 'atari':
+    from experiments.envs import atari   # lazy: ale-py
+    try:
+      atari.check_game(task)
+    except ImportError as e:           # a flag error like the others
+      raise ValueError(str(e)) from e
   if suite != 'dmc' and time_limit is not None:
     raise ValueError('--time_limit (simulated seconds) is a dm_control '
                      f'setting; --suite={suite} envs end by their own limits')
@@ -111,6 +120,9 @@ def make_env(suite: str, task: str, action_repeat: int, seed: int, *,
     from experiments.envs import gymnasium   # lazy: gymnasium
     return ProtocolEnv(gymnasium.make_gymnasium(task, seed, render),
                        action_repeat, task, seed)
+  if suite == 'atari':
+    from experiments.envs import atari   # lazy: ale-py
+    return atari.AtariEnv(task, action_repeat, seed)
   if suite == 'custom':
     if env_factory is None:
       raise ValueError("suite 'custom' needs an env_factory(seed) -> "

@@ -147,10 +147,14 @@ def json_default(x):
 
 
 def normalize_task(name: str) -> str:
-  """'dmc_walker_walk' / 'walker_walk' -> 'walker_walk'; 'cup_catch' -> 'ball_in_cup_catch'."""
+  """'dmc_walker_walk' / 'walker_walk' -> 'walker_walk'; 'cup_catch' ->
+  'ball_in_cup_catch'; 'atari_pong' / 'atari100k_pong' -> 'pong' (the
+  official score files' prefixes)."""
   name = str(name).strip().lower()
-  if name.startswith('dmc_'):
-    name = name[len('dmc_'):]
+  for prefix in ('dmc_', 'atari100k_', 'atari_'):
+    if name.startswith(prefix):
+      name = name[len(prefix):]
+      break
   if name.startswith('cup_'):  # the reference's alias of ball_in_cup
     name = 'ball_in_cup_' + name[len('cup_'):]
   return name

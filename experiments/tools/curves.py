@@ -23,11 +23,16 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'data')
 ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_proprio-dreamerv3.json.gz')
 VISION_ANCHOR_FILE = os.path.join(DATA_DIR, 'dmc_vision-dreamerv3.json.gz')
+ATARI_ANCHOR_FILE = os.path.join(DATA_DIR, 'atari100k-dreamerv3.json.gz')
+ATARI_PPO_FILE = os.path.join(DATA_DIR, 'atari100k-ppo_fixhp.json.gz')
 
 
-def anchor_file(image: bool) -> str:
-  """The official curves a run is plotted against: DMC vision for a run
-  that observes images (spec 2.10), DMC proprio otherwise."""
+def anchor_file(image: bool, suite: str = 'dmc') -> str:
+  """The official curves a run is plotted against: Atari 100K for an
+  Atari run, DMC vision for a run that observes images (spec 2.10), DMC
+  proprio otherwise."""
+  if suite == 'atari':
+    return ATARI_ANCHOR_FILE
   return VISION_ANCHOR_FILE if image else ANCHOR_FILE
 LAST_N = 5          # "last-5 mean" of the table
 BINSIZE = 10_000    # widest curve bin in env steps (the anchor curves' spacing)

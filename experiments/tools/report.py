@@ -30,6 +30,11 @@ Outputs
     Our last-5 mean is the mean over runs of each run's last 5 episodes. Its
     step is the mean over runs of each run's last env step.
 
+Atari runs (``--anchors experiments/data/atari100k-dreamerv3.json.gz``, what
+an Atari run's own report uses) are plotted against the official Atari 100K
+curves, and the table is followed by human-normalised scores (ours, DreamerV3,
+PPO) with their mean and median (``experiments/tools/atari_scores.py``).
+
 The spec 7.7 targets at 490K are a task mean of 757.8 and a median of 868.5.
 """
 
@@ -49,10 +54,11 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 from experiments.run.config import log  # noqa: E402
 from experiments.run.log_files import REPORT_FILE  # noqa: E402
+from experiments.tools import atari_scores  # noqa: E402
 # The scores and curves a report reads (one home: curves.py); their names
 # stay importable from here.
 from experiments.tools.curves import (  # noqa: E402,F401
-    Anchor, ANCHOR_FILE, anchor_file, binned, BINS_PER_RUN, BINSIZE, DATA_DIR,
+    Anchor, ANCHOR_FILE, anchor_file, ATARI_ANCHOR_FILE, ATARI_PPO_FILE, binned, BINS_PER_RUN, BINSIZE, DATA_DIR,
     episodes_of, EVAL_SCORES_FILE, LAST_N, load_anchors, load_scores,
     mean_curve, NoEpisodeYet, PathLike, Row, Run, summarize,
     VISION_ANCHOR_FILE)
@@ -238,7 +244,11 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   runs_by_task = load_scores(logdirs)
   anchors = load_anchors(anchors_path)
   plot(runs_by_task, anchors, out_png, binsize=binsize, xmax=xmax)
-  table = format_table(summarize(runs_by_task, anchors, last_n), last_n)
+  rows = summarize(runs_by_task, anchors, last_n)
+  table = format_table(rows, last_n)
+  if os.path.abspath(anchors_path) == os.path.abspath(ATARI_ANCHOR_FILE):
+    table += atari_scores.hns_table(rows, {
+        'DreamerV3': anchors, 'PPO': load_anchors(ATARI_PPO_FILE)})
   from_eval = sorted({r.logdir for runs in runs_by_task.values()
                       for r in runs if r.source == 'eval'})
   if from_eval:

@@ -23,7 +23,8 @@ finds and links them):
 
 Rendering: dm_control through MuJoCo's EGL backend (``MUJOCO_GL=egl``, Mesa's
 software EGL works on CPU-only machines: ``libegl1 libgl1-mesa-dri``), gym
-through ``render_mode='rgb_array'`` (pygame). Videos are written by imageio
+through ``render_mode='rgb_array'`` (pygame), Atari as the ALE's
+210x160 screen (``--max_steps`` counts agent steps: 4 frames each). Videos are written by imageio
 (GIF via pillow, MP4 via imageio-ffmpeg's bundled ffmpeg). All of these are
 installed by the README's commands; where rendering is impossible the command
 fails with a message naming what is missing, before writing anything.
@@ -86,12 +87,14 @@ def make_render_env(suite: str, task: str, action_repeat: int, seed: int,
 
 
 def render_frame(env, height: int = 240, width: int = 320) -> np.ndarray:
-  """An RGB uint8 frame [H, W, 3] of a ``ProtocolEnv`` (dm_control or gym)."""
+  """An RGB uint8 frame [H, W, 3] of a ``ProtocolEnv``: dm_control renders
+  at height x width; gym, gymnasium and Atari (the ALE screen) give their
+  own size."""
   inner = env.dm_env
   try:
     if hasattr(inner, 'physics'):                       # dm_control
       return np.asarray(inner.physics.render(height, width, camera_id=0))
-    frame = inner.render()                              # gym rgb_array
+    frame = inner.render()                      # gym rgb_array, ALE screen
   except Exception as e:  # noqa: BLE001  (the backends raise many kinds)
     gl = os.environ.get('MUJOCO_GL')
     raise RenderError(

@@ -165,7 +165,10 @@ def check_layout(experiment: DreamerExperiment,
   run = experiment.run
   if run.num_envs % dist.num_actors:
     raise ValueError(f'--num_envs {run.num_envs} (total training envs) must '
-                     f'be a multiple of --num_actors {dist.num_actors}')
+                     f'be a multiple of --num_actors {dist.num_actors}: each '
+                     'actor process steps num_envs / num_actors envs, so a '
+                     'run with fewer envs than actors (e.g. Atari 100k\'s one '
+                     'env, paper Table 2) takes --num_actors=1')
   check_processes(run.learner_devices, dist.learner_processes)
   if dist.join_slots and run.suite == 'custom':
     raise ValueError('--join_slots: remote actors build their envs from the '
