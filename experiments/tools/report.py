@@ -54,6 +54,7 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 from experiments.run.config import log  # noqa: E402
 from experiments.run.rundir import (  # noqa: E402
     EVAL_DIR, REPORT_FILE, SCORES_FILE, normalize_task)
+from experiments.tools import crafter_report  # noqa: E402
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'data')
@@ -453,6 +454,7 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   if from_eval:
     table += (f'\n\nNo training episode has ended yet in {", ".join(from_eval)}: '
               f'its rows are its evaluation episodes ({EVAL_SCORES_FILE}).')
+  table += crafter_report.section(logdirs, out_png)
   return table + watch_links(logdirs)
 
 
