@@ -127,9 +127,9 @@ def jax_process_env(environ=None) -> dict:
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the run flags (and their validators) on ``fv``."""
   F = dict(flag_values=fv)
-  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium'],
-                    'Where --task comes from: dm_control, gym 0.26 or '
-                    'gymnasium 1.x '
+  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium', 'crafter'],
+                    'Where --task comes from: dm_control, gym 0.26, '
+                    'gymnasium 1.x or Crafter (task reward / noreward) '
                     '(experiments/envs/suites.py).', **F)
   flags.DEFINE_string('task', 'walker_walk',
                       'dmc: task "domain_task" (spec 7.5 list in '
@@ -315,8 +315,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
 
   flags.register_multi_flags_validator(
-      ['suite', 'task', 'time_limit', 'image', 'proprio'], _task_ok,
-      flag_values=fv, message='--suite / --task / --time_limit / --image')
+      ['suite', 'task', 'time_limit', 'image', 'proprio', 'action_repeat'],
+      _task_ok, flag_values=fv,
+      message='--suite / --task / --time_limit / --image / --action_repeat')
   v('train_ratio', lambda x: x is not None and x > 0, 'must be > 0')
   # The range rules of the run and the program: one table each
   # (RUN_RULES, settings.RULES), checked again when the configs are made.
@@ -376,7 +377,8 @@ def _task_ok(values) -> bool:
   unknown task lists the valid ones; --time_limit is dm_control's."""
   try:
     suites.check_task(values['suite'], values['task'], values['time_limit'],
-                      values['image'], values['proprio'])
+                      values['image'], values['proprio'],
+                      values['action_repeat'])
   except ValueError as e:
     msg = str(e)
     if not msg.startswith('--'):          # the task itself: name the flag

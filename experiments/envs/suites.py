@@ -17,6 +17,10 @@
 * ``'gymnasium'``: a registered gymnasium 1.x task id, through
   ``experiments.envs.gymnasium.GymnasiumEnv`` (terminated -> is_terminal,
   truncated -> is_last only; seeds through ``reset(seed=...)``).
+* ``'crafter'``: Crafter's ``'reward'`` / ``'noreward'`` task through the
+  ``crafter`` package, ``experiments.envs.crafter.CrafterEnv`` (a 64x64
+  image, 17 discrete actions, no action repeat; its unlocked achievements
+  leave through ``ProtocolEnv.episode_stats``, not the observation).
 * ``'custom'``: ``env_factory(seed) -> dm_env.Environment``, the caller's
   own env (``experiments.run_dmc.train``, README "Your own environment").
 
@@ -33,16 +37,18 @@ import dm_env
 from experiments.envs import dmc
 from experiments.envs.protocol import ProtocolEnv
 
-SUITES = ('dmc', 'gym', 'gymnasium', 'custom')
+SUITES = ('dmc', 'gym', 'gymnasium', 'crafter', 'custom')
 EnvFactory = Callable[[int], dm_env.Environment]
 
 
 def check_task(suite: str, task: str, time_limit: Optional[float] = None,
-               image: bool = False, proprio: bool = True) -> None:
+               image: bool = False, proprio: bool = True,
+               action_repeat: Optional[int] = None) -> None:
   """ValueError naming the problem when ``suite`` has no task ``task``, or
   when ``time_limit`` (dm_control's simulated seconds) or the ``image`` /
   ``proprio`` switches (dm_control's observations, spec 2.10) are given for
-  another suite. The one place these rules live (flags, RunConfig and
+  another suite, or ``action_repeat`` (when given) is not the suite's
+  (crafter: 1). The one place these rules live (flags, RunConfig and
   make_env)."""
   if suite not in SUITES:
     raise ValueError(f'unknown suite {suite!r}; valid: {", ".join(SUITES)}')
@@ -60,6 +66,15 @@ def check_task(suite: str, task: str, time_limit: Optional[float] = None,
     names = gymnasium.task_names()
     if task not in names:
       raise ValueError(gymnasium.unknown_task_message(task, names))
+  elif suite == 'crafter':
+    from experiments.envs import crafter   # the crafter package itself is lazy
+    crafter.check_task(task)
+    try:
+      crafter.import_crafter()
+    except ImportError as e:              # a flag error naming the package
+      raise ValueError(str(e)) from e
+    if action_repeat is not None:
+      crafter.check_action_repeat(action_repeat)
   if suite != 'dmc' and time_limit is not None:
     raise ValueError('--time_limit (simulated seconds) is a dm_control '
                      f'setting; --suite={suite} envs end by their own limits')
@@ -111,6 +126,11 @@ def make_env(suite: str, task: str, action_repeat: int, seed: int, *,
     from experiments.envs import gymnasium   # lazy: gymnasium
     return ProtocolEnv(gymnasium.make_gymnasium(task, seed, render),
                        action_repeat, task, seed)
+  if suite == 'crafter':
+    from experiments.envs import crafter
+    crafter.check_action_repeat(action_repeat)
+    return ProtocolEnv(crafter.CrafterEnv(task, seed), action_repeat,
+                       f'crafter_{task}', seed)
   if suite == 'custom':
     if env_factory is None:
       raise ValueError("suite 'custom' needs an env_factory(seed) -> "
