@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from experiments.envs import crafter
@@ -84,3 +85,17 @@ def test_a_run_without_achievements_has_no_crafter_part(tmp_path):
   rundir.append_score(logdir, 'walker_walk', 1000, 5.0, 0)
   assert crafter_report.section(logdir, str(tmp_path / 'report.png')) == ''
   assert not os.path.exists(tmp_path / crafter_report.BARS_FILE)
+
+
+def test_watch_renders_crafter_frames_larger_than_the_observation():
+  """watch.py's videos: crafter draws the same view at 256x256."""
+  from experiments.envs import suites
+  from experiments.tools import watch
+  env = suites.make_env('crafter', 'reward', 1, 0)
+  obs = env.reset()
+  frame = watch.render_frame(env)
+  assert frame.shape == (256, 256, 3) and frame.dtype == np.uint8
+  assert obs['image'].shape == (64, 64, 3)
+  # The same scene: the frame shrunk to 64x64 is close to the observation.
+  small = frame.reshape(64, 4, 64, 4, 3).mean(axis=(1, 3))
+  assert np.abs(small - obs['image']).mean() < 20
