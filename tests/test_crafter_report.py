@@ -38,7 +38,8 @@ def test_success_rate_is_the_percent_of_episodes_that_unlocked_it():
 
 def test_crafter_score_against_hand_computed_values():
   # S = exp(mean(ln(1 + s_i))) - 1 over the 22 rates in percent (Hafner
-  # 2021, section 3). s = 100 and 50 for two, 0 for twenty:
+  # 2021, the geometric mean with an offset of 1 %). s = 100 and 50 for two,
+  # 0 for twenty:
   # (ln 101 + ln 51) / 22 = (4.615121 + 3.931826) / 22 = 0.388498;
   # e^0.388498 - 1 = 0.474763.
   rates = {n: 0.0 for n in NAMES}

@@ -5,7 +5,8 @@ often each of the 22 achievements was done in that episode, written by the
 Crafter env's ``episode_stats``; ``experiments/envs/crafter.py``).
 
 Definitions (Hafner 2021, "Benchmarking the Spectrum of Agent
-Capabilities", section 3 "Evaluation"):
+Capabilities", ICLR 2022; the score is its "geometric mean with an
+offset of 1 %", as the crafter repository's analysis code computes it):
 
 * the success rate s_i of achievement i is the percentage of a run's
   episodes in which it was unlocked at least once (all training episodes of
