@@ -155,3 +155,48 @@ def test_bad_crafter_flags_write_nothing(tmp_path):
   assert out.returncode != 0
   assert 'Valid tasks: reward, noreward' in out.stderr
   assert not logdir.exists()
+
+
+def test_episode_stats_cannot_overwrite_the_score_keys(tmp_path):
+  from experiments.run import rundir
+  with pytest.raises(ValueError, match=r"\['score'\] clash"):
+    rundir.append_score(str(tmp_path), 'reward', 1, 1.0, 0, {'score': 3})
+  assert not (tmp_path / 'scores.jsonl').exists()
+  rundir.append_score(str(tmp_path), 'reward', 1, 1.0, 0, {'achievements': {}})
+  with open(tmp_path / 'scores.jsonl') as f:
+    assert json.loads(f.read()) == {'task': 'reward', 'env_step': 1,
+                                    'score': 1.0, 'seed': 0, 'achievements': {}}
+
+def _short_crafter(seed):
+  """Crafter's reward task with its length cap cut to 60 steps (the inner
+  crafter.Env's own cap), so that episodes end within a tiny budget."""
+  env = crafter_env.CrafterEnv('reward', seed)
+  env._env._length = 60
+  return env
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_achievements_to_scores(tmp_path, jax_cache_dir):
+  """A tiny model trained through ``run_dmc.train`` on Crafter: every
+  finished episode's achievements (the 22 counts) reach scores.jsonl. Slow:
+  compiling the 64x64 CNN update costs minutes of CPU on a loaded 2-core
+  machine."""
+  from experiments.run_dmc import train
+  logdir = tmp_path / 'run'
+  summary = train(_short_crafter, task='crafter_reward', logdir=str(logdir),
+                  size='tiny', batch_size=2, batch_length=8, num_envs=2,
+                  env_steps=200, train_ratio=2, action_repeat=1,
+                  replay_capacity=10000, eval_episodes=0, log_every=100,
+                  jax_cache_dir=jax_cache_dir, report=False)
+  assert summary['updates'] > 0
+  with open(logdir / 'scores.jsonl') as f:
+    rows = [json.loads(line) for line in f]
+  assert len(rows) >= 2, rows                 # 2 envs x 100 steps, cap 60
+  for row in rows:
+    assert tuple(sorted(row['achievements'])) == ACHIEVEMENTS, row
+    assert all(isinstance(v, int) and v >= 0
+               for v in row['achievements'].values()), row
+    unlocked = sum(v > 0 for v in row['achievements'].values())
+    # Each step with a first unlock adds 1; health changes add at most
+    # (9 - 0) / 10 in size over an episode (health lies in 0..9).
+    assert unlocked - 1 - 0.9 - 1e-4 <= row['score'] <= unlocked + 0.9 + 1e-4, row
