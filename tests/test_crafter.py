@@ -157,6 +157,18 @@ def test_bad_crafter_flags_write_nothing(tmp_path):
   assert not logdir.exists()
 
 
+def test_flagfile_is_the_official_crafter_config():
+  """Spec 7.6 ("Crafter (Fig. 6 only): HEAD steps 1.1e6, envs 1, RR 512")
+  and the official config's defaults: size200m, B16 x T64, no repeat."""
+  fv = _parse('--flagfile=' + os.path.join(REPO, 'experiments', 'flags',
+                                           'crafter.flags'))
+  assert (fv.suite, fv.task) == ('crafter', 'reward')
+  assert fv.env_steps == 1_100_000 and fv.num_envs == 1
+  assert fv.train_ratio == 512 and fv.action_repeat == 1
+  assert fv.size == 'size200m'
+  assert (fv.batch_size, fv.batch_length) == (16, 64)
+  assert fv.eval_episodes == 0
+
 def test_episode_stats_cannot_overwrite_the_score_keys(tmp_path):
   from experiments.run import rundir
   with pytest.raises(ValueError, match=r"\['score'\] clash"):
