@@ -130,9 +130,11 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def _define_run_flags(F: dict) -> None:
   """Task, budget, model, evaluation and log cadence."""
-  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium', 'atari'],
+  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium', 'atari',
+                                     'crafter'],
                     'Where --task comes from: dm_control, gym 0.26, '
-                    'gymnasium 1.x or ale-py (Atari) '
+                    'gymnasium 1.x, ale-py (Atari) or Crafter (task reward / '
+                    'noreward) '
                     '(experiments/envs/suites.py).', **F)
   flags.DEFINE_string('task', 'walker_walk',
                       'dmc: task "domain_task" (spec 7.5 list in '
@@ -335,8 +337,9 @@ def _register_validators(fv: flags.FlagValues) -> None:
     flags.register_validator(name, check, message=f'--{name} {msg}', **F)
 
   flags.register_multi_flags_validator(
-      ['suite', 'task', 'time_limit', 'image', 'proprio'], _task_ok,
-      flag_values=fv, message='--suite / --task / --time_limit / --image')
+      ['suite', 'task', 'time_limit', 'image', 'proprio', 'action_repeat'],
+      _task_ok, flag_values=fv,
+      message='--suite / --task / --time_limit / --image / --action_repeat')
   # The range rules of the replay, the run and the program: one table each
   # (REPLAY_RULES, RUN_RULES, settings.RULES), checked again when the
   # configs are made.
@@ -384,7 +387,8 @@ def _task_ok(values) -> bool:
   unknown task lists the valid ones; --time_limit is dm_control's."""
   try:
     suites.check_task(values['suite'], values['task'], values['time_limit'],
-                      values['image'], values['proprio'])
+                      values['image'], values['proprio'],
+                      values['action_repeat'])
   except ValueError as e:
     msg = str(e)
     if not msg.startswith('--'):          # the task itself: name the flag

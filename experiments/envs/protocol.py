@@ -249,6 +249,14 @@ class ProtocolEnv:
     repeat; default: the env's own)."""
     return time_step.observation
 
+  def episode_stats(self) -> Dict[str, Any]:
+    """Facts about the current episode that the env reports outside its
+    observations (so never stored in the replay nor seen by the model), e.g.
+    Crafter's unlocked achievements: the wrapped env's ``episode_stats()``
+    where it has one, else {}. Read when an episode ends, before the reset."""
+    stats = getattr(self._env, 'episode_stats', None)
+    return dict(stats()) if stats is not None else {}
+
   # --- protocol --------------------------------------------------------------
   def reset(self) -> Dict[str, np.ndarray]:
     """Start an episode: obs with reward 0, is_first True, is_terminal False."""

@@ -20,6 +20,10 @@
 * ``'atari'``: an Atari game such as ``pong`` through ale-py,
   ``experiments.envs.atari.AtariEnv`` (the official atari100k semantics:
   64x64 RGB 'image', max-pooled frames, 30 no-ops, minimal action set).
+* ``'crafter'``: Crafter's ``'reward'`` / ``'noreward'`` task through the
+  ``crafter`` package, ``experiments.envs.crafter.CrafterEnv`` (a 64x64
+  image, 17 discrete actions, no action repeat; its unlocked achievements
+  leave through ``ProtocolEnv.episode_stats``, not the observation).
 * ``'custom'``: ``env_factory(seed) -> dm_env.Environment``, the caller's
   own env (``experiments.run_dmc.train``, README "Your own environment").
 
@@ -36,16 +40,18 @@ import dm_env
 from experiments.envs import dmc
 from experiments.envs.protocol import ProtocolEnv
 
-SUITES = ('dmc', 'gym', 'gymnasium', 'atari', 'custom')
+SUITES = ('dmc', 'gym', 'gymnasium', 'atari', 'crafter', 'custom')
 EnvFactory = Callable[[int], dm_env.Environment]
 
 
 def check_task(suite: str, task: str, time_limit: Optional[float] = None,
-               image: bool = False, proprio: bool = True) -> None:
+               image: bool = False, proprio: bool = True,
+               action_repeat: Optional[int] = None) -> None:
   """ValueError naming the problem when ``suite`` has no task ``task``, or
   when ``time_limit`` (dm_control's simulated seconds) or the ``image`` /
   ``proprio`` switches (dm_control's observations, spec 2.10) are given for
-  another suite. The one place these rules live (flags, RunConfig and
+  another suite, or ``action_repeat`` (when given) is not the suite's
+  (crafter: 1). The one place these rules live (flags, RunConfig and
   make_env)."""
   if suite not in SUITES:
     raise ValueError(f'unknown suite {suite!r}; valid: {", ".join(SUITES)}')
@@ -69,6 +75,15 @@ def check_task(suite: str, task: str, time_limit: Optional[float] = None,
       atari.check_game(task)
     except ImportError as e:           # a flag error like the others
       raise ValueError(str(e)) from e
+  elif suite == 'crafter':
+    from experiments.envs import crafter   # the crafter package itself is lazy
+    crafter.check_task(task)
+    try:
+      crafter.import_crafter()
+    except ImportError as e:              # a flag error naming the package
+      raise ValueError(str(e)) from e
+    if action_repeat is not None:
+      crafter.check_action_repeat(action_repeat)
   if suite != 'dmc' and time_limit is not None:
     raise ValueError('--time_limit (simulated seconds) is a dm_control '
                      f'setting; --suite={suite} envs end by their own limits')
@@ -123,6 +138,11 @@ def make_env(suite: str, task: str, action_repeat: int, seed: int, *,
   if suite == 'atari':
     from experiments.envs import atari   # lazy: ale-py
     return atari.AtariEnv(task, action_repeat, seed)
+  if suite == 'crafter':
+    from experiments.envs import crafter
+    crafter.check_action_repeat(action_repeat)
+    return ProtocolEnv(crafter.CrafterEnv(task, seed), action_repeat,
+                       f'crafter_{task}', seed)
   if suite == 'custom':
     if env_factory is None:
       raise ValueError("suite 'custom' needs an env_factory(seed) -> "

@@ -196,6 +196,11 @@ class VectorEnv(dm_env.Environment):
     return specs.BoundedArray((self.num_envs,), np.float32, 0.0, 1.0,
                               name='discount')
 
+  def episode_stats(self, index: int) -> dict:
+    """Env ``index``'s ``ProtocolEnv.episode_stats()`` (e.g. Crafter's
+    achievements; none of it is an observation)."""
+    return self.envs[index].episode_stats()
+
   def close(self):
     for env in self.envs:
       env.close()
@@ -256,11 +261,14 @@ class Episode:
   spec 7.7). length: agent steps in the episode counting the is_first obs
   (501 for a DMC episode at repeat 2, the reference's episode/length).
   env_step: the caller's env-step counter when the episode finished, if given.
+  stats: the env's ``episode_stats()`` at the end (e.g. Crafter's unlocked
+  achievements), if the caller read them.
   """
   env_index: int
   score: float
   length: int
   env_step: Optional[int] = None
+  stats: Optional[dict] = None
 
 
 class EpisodeTracker:

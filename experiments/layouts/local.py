@@ -275,7 +275,7 @@ class Trainer:
   # -- episodes / rows -------------------------------------------------------------
   def _record_episode(self, ep) -> None:
     rundir.append_score(self.logdir, self.run_config.task, ep.env_step,
-                         ep.score, self.config.seed)
+                         ep.score, self.config.seed, ep.stats)
     self.recent_scores = (self.recent_scores + [ep.score])[-5:]
     self._row_scores.append(ep.score)
     self._row_lengths.append(ep.length)

@@ -137,7 +137,7 @@ class RunConfig:
     if self.suite == 'custom' and self.env_factory is None:
       raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
     suites.check_task(self.suite, self.task, self.time_limit, self.image,
-                      self.proprio)
+                      self.proprio, self.action_repeat)
     check_max_skipped(self.max_skipped_updates)
     if self.eval_policy not in ('sample', 'mode'):
       raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "

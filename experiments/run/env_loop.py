@@ -20,6 +20,7 @@ True``): a program stop ends the loop there as it ends acme's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import Callable, List, Optional, Sequence
 
@@ -34,7 +35,8 @@ from experiments.envs.vector import EpisodeTracker, VectorEnv
 class EpisodeObserver(observers_lib.EnvLoopObserver):
   """Per-env episodes from the is_first / is_last flags (spec 7.3, 7.7).
 
-  ``on_episode(episode)`` (an ``experiments.envs.vector.Episode``) runs for every
+  ``on_episode(episode)`` (an ``experiments.envs.vector.Episode``, with the
+  env's ``episode_stats`` where the env has them) runs for every
   finished env episode; ``get_metrics`` reports the loop episode's count and
   mean score. ``env_step()`` gives the env-step stamp of each episode.
   """
@@ -47,17 +49,20 @@ class EpisodeObserver(observers_lib.EnvLoopObserver):
     self._finished: List = []
 
   def observe_first(self, env, timestep, action=None) -> None:
-    del env, action
+    del action
     self._finished = []
-    self._update(timestep)
+    self._update(env, timestep)
 
   def observe(self, env, timestep, action=None) -> None:
-    del env, action
-    self._update(timestep)
+    del action
+    self._update(env, timestep)
 
-  def _update(self, timestep) -> None:
+  def _update(self, env, timestep) -> None:
     step = self._env_step() if self._env_step else None
     for ep in self._tracker.update(timestep.observation, env_step=step):
+      stats = getattr(env, 'episode_stats', None)
+      if stats is not None:    # read now: the env resets at its next step
+        ep = dataclasses.replace(ep, stats=stats(ep.env_index))
       self._finished.append(ep)
       if self._on_episode is not None:
         self._on_episode(ep)

@@ -20,7 +20,7 @@ import errno
 import json
 import math
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -161,14 +161,22 @@ def normalize_task(name: str) -> str:
 
 
 def append_score(logdir: str, task: str, env_step: int, score: float,
-                 seed: int) -> None:
-  """Append one finished episode to logdir/scores.jsonl (the report's input)."""
+                 seed: int, stats: Optional[dict] = None) -> None:
+  """Append one finished episode to logdir/scores.jsonl (the report's input).
+
+  ``stats``: the env's per-episode facts (``Episode.stats``, e.g. Crafter's
+  'achievements'), written as extra keys of the line."""
   score = float(score)
   if not math.isfinite(score):
     raise ValueError(f'episode score must be finite, got {score}')
+  record = {'task': normalize_task(task), 'env_step': int(env_step),
+            'score': score, 'seed': int(seed)}
+  clash = sorted(set(stats or {}) & set(record))
+  if clash:
+    raise ValueError(f'episode stats keys {clash} clash with the score keys')
+  record.update(stats or {})
+  line = json.dumps(record)
   os.makedirs(logdir, exist_ok=True)
-  line = json.dumps({'task': normalize_task(task), 'env_step': int(env_step),
-                     'score': score, 'seed': int(seed)})
   with open_in(logdir, os.path.join(logdir, SCORES_FILE),
                 os.O_WRONLY | os.O_APPEND | os.O_CREAT) as f:
     f.write((line + '\n').encode())

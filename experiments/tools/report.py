@@ -54,11 +54,12 @@ if __package__ in (None, ''):  # run as a script: make the repo root importable
 
 from experiments.run.config import log  # noqa: E402
 from experiments.run.log_files import REPORT_FILE  # noqa: E402
-from experiments.tools import atari_scores  # noqa: E402
+from experiments.tools import atari_scores, crafter_report  # noqa: E402
 # The scores and curves a report reads (one home: curves.py); their names
 # stay importable from here.
 from experiments.tools.curves import (  # noqa: E402,F401
-    Anchor, ANCHOR_FILE, anchor_file, ATARI_ANCHOR_FILE, ATARI_PPO_FILE, binned, BINS_PER_RUN, BINSIZE, DATA_DIR,
+    Anchor, ANCHOR_FILE, anchor_file, ATARI_ANCHOR_FILE, ATARI_PPO_FILE,
+    binned, BINS_PER_RUN, BINSIZE, DATA_DIR,
     episodes_of, EVAL_SCORES_FILE, LAST_N, load_anchors, load_scores,
     mean_curve, NoEpisodeYet, PathLike, Row, Run, summarize,
     VISION_ANCHOR_FILE)
@@ -254,6 +255,7 @@ def make_report(logdirs: Union[PathLike, Sequence[PathLike]], out_png: PathLike,
   if from_eval:
     table += (f'\n\nNo training episode has ended yet in {", ".join(from_eval)}: '
               f'its rows are its evaluation episodes ({EVAL_SCORES_FILE}).')
+  table += crafter_report.section(logdirs, out_png)
   return table + watch_links(logdirs)
 
 

@@ -24,7 +24,8 @@ finds and links them):
 Rendering: dm_control through MuJoCo's EGL backend (``MUJOCO_GL=egl``, Mesa's
 software EGL works on CPU-only machines: ``libegl1 libgl1-mesa-dri``), gym
 through ``render_mode='rgb_array'`` (pygame), Atari as the ALE's
-210x160 screen (``--max_steps`` counts agent steps: 4 frames each). Videos are written by imageio
+210x160 screen (``--max_steps`` counts agent steps: 4 frames each), Crafter
+through its own renderer (the same view at 256x256). Videos are written by imageio
 (GIF via pillow, MP4 via imageio-ffmpeg's bundled ffmpeg). All of these are
 installed by the README's commands; where rendering is impossible the command
 fails with a message naming what is missing, before writing anything.

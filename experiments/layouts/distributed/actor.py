@@ -67,7 +67,7 @@ class ActorNode:
     """A finished training episode: scores.jsonl, recent scores."""
     run = self._settings.run
     rundir.append_score(run.logdir, run.task, ep.env_step, ep.score,
-                        self._settings.config.seed)
+                        self._settings.config.seed, ep.stats)
     self._recent_scores = (self._recent_scores + [ep.score])[-5:]
 
   # -- courier methods --------------------------------------------------------------
