@@ -1,6 +1,7 @@
-"""Addresses: the one parser of 'HOST:PORT', and which address other hosts
-reach this machine at (``--bind``: ``join.json``, ``learner_peers.json``,
-the learner processes' gloo collectives, ``DistributedConfig.gloo_host``).
+"""Addresses: the one parser and the one writer of 'HOST:PORT', where an
+empty ``--bind`` listens (loopback), and which address other hosts reach
+this machine at (``--bind``: ``join.json``, ``learner_peers.json``, the
+learner processes' gloo collectives, ``DistributedConfig.gloo_host``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,30 @@ def parse_address(address: str, flag: str = '--join') -> Tuple[str, int]:
   return host, int(port)
 
 
+# Where an empty --bind listens and what it advertises: this host only.
+LOOPBACK = '127.0.0.1'
+
+
+def format_address(host: str, port: int) -> str:
+  """(host, port) -> 'HOST:PORT' ('[v6]:PORT' for an IPv6 address): what
+  ``parse_address`` reads back."""
+  host = f'[{host}]' if ':' in str(host) else str(host)
+  return f'{host}:{int(port)}'
+
+
+def listen_host(bind: str) -> str:
+  """Where a listener of the run binds: '' -> loopback only; else as given
+  ('0.0.0.0': every IPv4 interface)."""
+  return bind or LOOPBACK
+
+
 def advertised_host(bind: str) -> str:
   """The host remote actors reach this machine at (``DistributedConfig.bind``):
-  '' -> 'localhost', '0.0.0.0' -> the first non-loopback IPv4 address of an
-  interface that is up, anything else as given."""
+  '' -> loopback (where an empty bind listens), '0.0.0.0' -> the first
+  non-loopback IPv4 address of an interface that is up, anything else as
+  given."""
   if not bind:
-    return 'localhost'
+    return LOOPBACK
   if bind != '0.0.0.0':
     return bind
   import psutil

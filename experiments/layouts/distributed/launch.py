@@ -41,9 +41,10 @@ from typing import Any, Dict, List, Optional
 
 from experiments.layouts import stopping
 from experiments.layouts.distributed import lp_init, remote_peers, seal
-from experiments.layouts.distributed.addresses import parse_address
+from experiments.layouts.distributed.addresses import (
+    format_address, listen_host, parse_address)
 from experiments.layouts.distributed.join.service import (
-    join_address, listen_host, make_listener)
+    join_address, make_listener)
 from experiments.layouts.distributed.program import build_program, local_resources
 from experiments.layouts.distributed.secret import ensure_secret, secret_path
 from experiments.layouts.distributed.settings import (
@@ -190,7 +191,7 @@ def run(prepared) -> Dict[str, Any]:
       listener = make_listener(dist.bind, dist.join_port)
     except OSError as e:
       raise RuntimeError(f'the join service cannot listen on '
-                         f'{listen_host(dist.bind)}:{dist.join_port}: {e}'
+                         f'{format_address(listen_host(dist.bind), dist.join_port)}: {e}'
                          ) from None
     broker = seal.ListenerBroker(listener, join_address(
         dist.bind, listener.getsockname()[1]))

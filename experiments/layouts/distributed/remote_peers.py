@@ -22,7 +22,8 @@ import time
 from typing import Optional
 
 from experiments.layouts.distributed import program
-from experiments.layouts.distributed.addresses import advertised_host
+from experiments.layouts.distributed.addresses import (
+    advertised_host, format_address)
 from experiments.layouts.distributed.secret import joiner_secret, sign, verify
 from experiments.layouts.distributed.settings import ProgramSettings
 from experiments.run import rundir
@@ -41,7 +42,7 @@ def publish(settings: ProgramSettings, replay_port: int,
   if not dist.remote_learner_processes:
     return None
   path = os.path.join(settings.run.logdir, PEERS_FILE)
-  replay = f'{advertised_host(dist.bind)}:{int(replay_port)}'
+  replay = format_address(advertised_host(dist.bind), replay_port)
   rundir.atomic_write(path, sign(secret, {'settings': settings.to_json(),
                                           'replay': replay}))
   first = dist.learner_processes - dist.remote_learner_processes

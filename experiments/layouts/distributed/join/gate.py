@@ -20,7 +20,8 @@ import threading
 import time
 from typing import Callable, Dict, Tuple
 
-from experiments.layouts.distributed.addresses import advertised_host
+from experiments.layouts.distributed.addresses import (  # noqa: F401
+    advertised_host, format_address, listen_host)
 from experiments.layouts.distributed.join import wire
 from experiments.run.config import log
 
@@ -34,12 +35,6 @@ MAX_UNAUTHENTICATED = 16
 # Seconds between log lines of one kind of refusal (a scan or a flood must
 # not flood the log; the next line says how many were not logged).
 DENIED_LOG_S = 10.0
-
-
-def listen_host(bind: str) -> str:
-  """Where the service listens: '' -> loopback only; else as given
-  ('0.0.0.0': every IPv4 interface)."""
-  return bind or '127.0.0.1'
 
 
 def make_listener(bind: str, port: int) -> socket.socket:
@@ -57,7 +52,7 @@ def make_listener(bind: str, port: int) -> socket.socket:
 
 def join_address(bind: str, port: int) -> str:
   """The address remote actors are told (``join.json``, the log)."""
-  return f'{advertised_host(bind) if bind else "127.0.0.1"}:{int(port)}'
+  return format_address(advertised_host(bind), port)
 
 
 class RefusalLog:

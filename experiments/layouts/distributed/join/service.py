@@ -88,7 +88,7 @@ from experiments.layouts.distributed.join import JOIN_FILE
 from experiments.layouts.distributed.join.claims import CLAIM_S, Claims
 from experiments.layouts.distributed.join.gate import (  # noqa: F401
     DENIED_LOG_S, HANDSHAKE_S, MAX_UNAUTHENTICATED, Gate, RefusalLog,
-    join_address, listen_host, make_listener)
+    format_address, join_address, listen_host, make_listener)
 from experiments.layouts.distributed.join.slots import LEAVE_WAIT_S, JoinSlots
 from experiments.layouts.distributed.join.storage import (  # noqa: F401
     PARAMS_REFRESH_S, ActingParams, Refused, StepStore)
@@ -147,7 +147,7 @@ class JoinService:
          'segment': settings.segment}))
     where = (f'{self.address} (bound by the launcher outside the sealed '
              'program)' if settings.join_listener else
-             f'{listen_host(dist.bind)}:{self.port}')
+             f'{format_address(listen_host(dist.bind), self.port)}')
     log(f'[join] listening on {where}; remote '
         f'actors join with: python experiments/run_dmc.py --distributed '
         f'--join={self.address} --join_secret_file=<a copy of '

@@ -65,6 +65,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from experiments.layouts.distributed.addresses import format_address
+
 MAGIC = b'dreamer-join/v1\n'          # 16 bytes: protocol and version
 NONCE_BYTES = 32
 TAG_BYTES = 32                        # HMAC-SHA256
@@ -346,7 +348,6 @@ def keepalive(sock: socket.socket, idle_s: int = 10, interval_s: int = 5,
 def peer_name(sock: socket.socket) -> str:
   """'host:port' of the peer of ``sock`` ('?' once it is gone)."""
   try:
-    host, port = sock.getpeername()[:2]
-    return f'{host}:{port}'
+    return format_address(*sock.getpeername()[:2])
   except OSError:
     return '?'
