@@ -238,8 +238,11 @@ def test_vector_env_batches_and_seeds():
   assert venv.agent_steps == 6 and venv.env_steps == 12
   with pytest.raises(ValueError, match='shape'):
     venv.step(np.zeros((2, 6)))
-  with pytest.raises(ValueError, match=r'envs \[1\]'):
+  with pytest.raises(ValueError, match=r'envs \[1\].*non-finite'):
     venv.step(np.array([[0.0] * 6, [np.nan] * 6, [0.0] * 6]))
+  with pytest.raises(ValueError, match=r'envs \[0, 2\].*non-finite'):
+    venv.step(np.array([[np.inf] * 6, [0.0] * 6, [np.nan] * 6]))
+  assert venv.agent_steps == 6          # a refused batch steps no env
 
 
 def test_vector_env_num_envs_validation():

@@ -211,29 +211,29 @@ class VectorEnv(dm_env.Environment):
 
   # --- internals -------------------------------------------------------------
   def _check_actions(self, actions) -> np.ndarray:
+    """[N] indices or [N, A] floats: each row checked by its env's own rule
+    (``ProtocolEnv.check_action``, the one home of the action rule) before
+    any env steps, so a bad row leaves every env where it was."""
     try:
       arr = np.asarray(actions)
     except Exception as e:
       raise ValueError(f'{self.task}: actions are not an array: {e}') from e
     discrete = self._spaces.discrete
     want = (self.num_envs,) if discrete else (self.num_envs, self.act_dim)
-    if arr.dtype.kind not in 'biuf':
-      raise ValueError(f'{self.task}: actions must be numeric, got dtype {arr.dtype}')
     if arr.shape != want:
       raise ValueError(f'{self.task}: actions have shape {arr.shape}, expected '
                        + (f'[num_envs] action indices = {want}' if discrete else
                           f'[num_envs, act_dim] = {want}'))
-    arr = arr.astype(np.float64)
-    bad = ~np.isfinite(arr)
-    if discrete:
-      bad |= (arr != np.round(arr)) | (arr < 0) | (arr >= self.act_dim)
-    if bad.any():
-      rows = sorted(set(np.nonzero(bad)[0].tolist()))
-      raise ValueError(f'{self.task}: actions have non-finite values (NaN/inf) '
-                       f'for envs {rows}' if not discrete else
-                       f'{self.task}: actions of envs {rows} are not indices in '
-                       f'[0, {self.act_dim}): {arr[rows].tolist()}')
-    return arr.astype(np.int64) if discrete else arr
+    rows, bad = [], {}
+    for i, env in enumerate(self.envs):
+      try:
+        rows.append(env.check_action(arr[i]))
+      except ValueError as e:
+        bad[i] = str(e)
+    if bad:
+      raise ValueError(f'{self.task}: actions of envs {sorted(bad)} are '
+                       f'refused: {next(iter(bad.values()))}')
+    return np.asarray(rows, np.int64 if discrete else np.float64)
 
   def _alloc(self) -> Dict[str, np.ndarray]:
     n = self.num_envs
