@@ -255,7 +255,7 @@ def main():
     attempt('Reverb port: 20 NaN items + 1 malformed item', reverb_nan_items)
 
     def reverb_reward_windows():
-      cmd = [sys.executable, '-c', POISON, str(replay_port), '50']
+      cmd = [sys.executable, '-c', POISON, json.dumps([replay_port]), '50']
       where = 'from the host network'
       if os.readlink(f'/proc/{replay_pid}/ns/net') != os.readlink(
           '/proc/self/ns/net'):
@@ -329,31 +329,43 @@ def main():
 
 
 # Windows with reward 1e6 written straight into both tables, as a plain
-# Reverb client can (argv: the Reverb port, windows per table).
+# Reverb client can (argv: a JSON list of ports, the first that answers as
+# Reverb is used; windows per table). Also run by tests/test_seal.py.
 POISON = r'''
 import json, sys
 import numpy as np, reverb
 from reverb_tables.adder import step_layout_from_server
-port, n = int(sys.argv[1]), int(sys.argv[2])
-r = reverb.Client(f'127.0.0.1:{port}')
-info = r.server_info(timeout=10)
+ports, n = json.loads(sys.argv[1]), int(sys.argv[2])
+for port in ports:          # the replay node's Reverb port, not its courier's
+  r = reverb.Client(f'127.0.0.1:{port}')
+  try:
+    info = r.server_info(timeout=5)
+    break
+  except Exception:
+    continue
 layout = step_layout_from_server(r)
 L = int(info['uniform'].signature['step'].shape[0])
 flat = [np.zeros((L,) + f.shape, f.dtype) for f in layout.fields]
 names = [f.name for f in layout.fields]
-flat[names.index('reward')][:] = 1e6
+flat[names.index('reward')][:] = 1e6       # finite, and far out of range
 flat[names.index('is_first')][0] = True
 rows = layout.pack(flat, L)
-written = {}
-for table in ('uniform', 'online'):
-  for _ in range(n):
-    with r.trajectory_writer(num_keep_alive_refs=L) as w:
-      for row in rows:
-        w.append({'step': row})
-      w.create_item(table, 1.0, {'step': w.history['step'][-L:]})
-      w.flush(timeout_ms=60000)
-    written[table] = written.get(table, 0) + 1
+written = {'uniform': 0, 'online': 0}
+for table in written:
+  for _ in range(n):       # the table's rate limiter may hold a write: stop
+    w = r.trajectory_writer(num_keep_alive_refs=L)
+    for row in rows:
+      w.append({'step': row})
+    w.create_item(table, 1.0, {'step': w.history['step'][-L:]})
+    try:
+      w.flush(timeout_ms=30000)
+    except reverb.errors.DeadlineExceededError:
+      break
+    w.close()
+    written[table] += 1
 print(json.dumps(written))
+sys.stdout.flush()
+import os; os._exit(0)      # a held writer would block the exit
 '''
 
 
