@@ -13,10 +13,10 @@ acme's EnvironmentLoop, Algorithm K); with it, a Launchpad program
 (experiments/layouts/distributed/); with --join, a remote actor of such a
 program running elsewhere (experiments/layouts/distributed/join/); with
 --learner_peer, one of its learner processes on another host
-(experiments/layouts/distributed/remote_peers.py). Flags
-and their checks:
-experiments/options.py. ``train(env_factory, ...)`` below runs your own
-environment with the same flags.
+(experiments/layouts/distributed/remote_peers.py). Flags and their checks:
+experiments/options.py; the configs they make: experiments/flag_configs.py.
+``train(env_factory, ...)`` below runs your own environment with the same
+flags.
 
 Re-running the same command with the same --logdir resumes from the last
 checkpoint (the run directory layout and metric names are in
@@ -43,7 +43,7 @@ from absl import app, flags
 if __package__ in (None, ''):  # run as a script: make the repo root importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments import options  # noqa: E402
+from experiments import flag_configs, options  # noqa: E402
 from experiments.envs.protocol import did_you_mean  # noqa: E402
 from experiments.layouts import local  # noqa: E402
 from experiments.layouts.distributed import launch, remote_peers  # noqa: E402
@@ -134,13 +134,13 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
     setattr(fv, name, value)           # runs the flag's validators
   fv.time_limit = None
   fv.distributed = bool(distributed)
-  run, config, dist = options.configs_from_flags(fv)
+  run, config, dist = flag_configs.configs_from_flags(fv)
   text = ''.join(line + '\n' for line in run.flags_text.splitlines()
                  if not line.startswith(('--suite=', '--task=', '--time_limit=')))
   run = dataclasses.replace(
       run, suite='custom', task=str(task), env_factory=env_factory,
       flags_text=f'# suite custom (experiments.run_dmc.train), task {task}\n' + text)
-  return start(make_experiment(run, config, options.join_workers(dist)),
+  return start(make_experiment(run, config, flag_configs.join_workers(dist)),
                dist)()
 
 
@@ -152,9 +152,9 @@ def main(argv) -> int:
       if flags.FLAGS.learner_peer and flags.FLAGS.join:
         raise ValueError('--join and --learner_peer: one or the other')
       if flags.FLAGS.join:
-        remote.main(*options.join_args_from_flags(flags.FLAGS))
+        remote.main(*flag_configs.join_args_from_flags(flags.FLAGS))
       else:
-        remote_peers.run_remote_peer(*options.peer_args_from_flags(flags.FLAGS))
+        remote_peers.run_remote_peer(*flag_configs.peer_args_from_flags(flags.FLAGS))
     except ValueError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2
@@ -163,7 +163,7 @@ def main(argv) -> int:
       return 3
     return 0
   try:
-    experiment, dist = options.experiment_from_flags(flags.FLAGS)
+    experiment, dist = flag_configs.experiment_from_flags(flags.FLAGS)
     run = experiment.run
     go = start(experiment, dist)
   except ValueError as e:   # bad input: nothing was written

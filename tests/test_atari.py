@@ -191,12 +191,12 @@ def test_tiny_atari_run_trains_from_frames(tmp_path, jax_cache_dir):
   """Boxing (all 18 actions) through run_dmc.py's path: env steps are
   frames (agent steps x 4)."""
   import json
-  from experiments import options
+  from experiments import flag_configs
   from experiments.run_dmc import start
   logdir = str(tmp_path / 'boxing')
   fv = _parse(TINY + ['--task=boxing', '--env_steps=200', f'--logdir={logdir}',
                       f'--jax_cache_dir={jax_cache_dir}'])
-  experiment, dist = options.experiment_from_flags(fv)
+  experiment, dist = flag_configs.experiment_from_flags(fv)
   assert dist is None
   summary = start(experiment, dist)()
   assert summary['updates'] > 0 and summary['env_steps'] >= 200
