@@ -194,7 +194,7 @@ def test_actions_clipped_then_mapped_for_the_env():
     np.testing.assert_allclose(a, [1.0, -1.0, 0.5, -0.25, 1.0, -1.0])
   assert action[0] == 5.0  # the caller's (replay's) copy is untouched
   # Mapping [-1, 1] -> [low, high] for a non-symmetric box.
-  env._low, env._high = np.full(6, 0.0), np.full(6, 4.0)
+  env._actions.low, env._actions.high = np.full(6, 0.0), np.full(6, 4.0)
   np.testing.assert_allclose(env.env_action([-1, 1, 0, 3, -3, 0.5]),
                              [0, 4, 2, 4, 0, 3])
 

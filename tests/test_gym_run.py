@@ -200,7 +200,7 @@ def test_train_refuses_a_non_finite_observation_before_making_the_logdir(
     tmp_path, distributed):
   """An env whose second step observes a NaN: train() raises naming the key,
   and no run directory is left behind, in either layout."""
-  from experiments.envs.protocol import ObservationError
+  from experiments.envs.observations import ObservationError
   logdir = tmp_path / 'nan'
   with pytest.raises(ObservationError, match="'pos' has non-finite"):
     run_dmc.train(_nan_factory, task='toy', logdir=str(logdir),

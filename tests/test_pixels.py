@@ -13,7 +13,8 @@ import pytest
 from dm_env import specs
 
 from experiments.envs import dmc
-from experiments.envs.protocol import ObservationError, ProtocolEnv
+from experiments.envs.observations import ObservationError
+from experiments.envs.protocol import ProtocolEnv
 from tests.pixel_env import PixelEnv, make_pixel_env
 
 SMOKE = 'experiments/flags/smoke.flags'

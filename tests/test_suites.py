@@ -10,7 +10,8 @@ from dm_env import specs
 
 from agent.types import EnvSpaces
 from experiments.envs import suites, vector
-from experiments.envs.protocol import ObservationError, ProtocolEnv
+from experiments.envs.observations import ObservationError
+from experiments.envs.protocol import ProtocolEnv
 
 
 class ToyEnv(dm_env.Environment):

@@ -33,7 +33,8 @@ from dm_env import specs
 from agent.types import EnvSpaces
 from experiments.envs import suites
 from experiments.envs.dmc import DEFAULT_ACTION_REPEAT
-from experiments.envs.protocol import RESERVED_KEYS, check_repeat
+from experiments.envs.observations import RESERVED_KEYS
+from experiments.envs.protocol import check_repeat
 
 # Spec 7.5: 16 env instances.
 DEFAULT_NUM_ENVS = 16
