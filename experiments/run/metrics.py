@@ -74,6 +74,25 @@ class RunLogger(loggers_base.Logger):
       self._tb = None
 
 
+class OpenOnUse:
+  """A ``RunLogger`` on ``logdir`` opened on first use: calling it returns
+  the logger, so it can be handed to a piece made before anything writes;
+  ``close()`` closes it if it was opened."""
+
+  def __init__(self, logdir: str):
+    self._logdir = logdir
+    self._logger: Optional[RunLogger] = None
+
+  def __call__(self) -> RunLogger:
+    if self._logger is None:
+      self._logger = RunLogger(self._logdir)
+    return self._logger
+
+  def close(self) -> None:
+    if self._logger is not None:
+      self._logger.close()
+
+
 class LearnerRows(loggers_base.Logger):
   """The learner's acme Logger in both layouts: ``kind: 'learner'`` rows.
 

@@ -6,7 +6,8 @@
                    the replay and counter nodes, the nodes' resources
   learner.py       LearnerNode: the training loop, composing
     variables.py     the actors' variable source
-    rows.py          train rows (and the learner's progress)
+    rows.py          train rows, the run counts and their log (and the
+                     learner's progress)
     checkpoints.py   checkpoints across the program's processes
   learner_peer.py  the other processes of a multi-process learner
   remote_peers.py  ... started on other hosts (learner_peers.json)

@@ -2,7 +2,8 @@
 
 ``program.make_evaluator_node`` builds its ``experiments.run.evaluator
 .Evaluator`` (eval envs, the builder's evaluation policy, the state of a
-resume or an in-place restart) and the first grid point.
+resume or an in-place restart), the first grid point and the run's
+metrics log both write eval rows to (``metrics.OpenOnUse``).
 """
 
 from __future__ import annotations
@@ -23,21 +24,18 @@ class EvaluatorNode:
   the step limiter's step 3); rows and scores as in the single-process run.
   """
 
-  def __init__(self, settings, evaluator, counter, next_eval: Optional[int]):
+  def __init__(self, settings, evaluator, counter, next_eval: Optional[int],
+               logger: metrics.OpenOnUse):
+    """``logger``: the run's metrics logger (eval rows), the one
+    ``evaluator`` writes to."""
     self._settings = settings
     self._stop = stopping.NodeStop()
     self._counter = counter
-    self._logger = None
+    self._logger = logger
     self.evaluator, self.next_eval = evaluator, next_eval
     self._final_request: Optional[int] = None
     self._final_done = threading.Event()
     self._final_row: Optional[Dict[str, Any]] = None
-
-  def logger(self) -> metrics.RunLogger:
-    """The run's metrics logger (eval rows), opened on first use."""
-    if self._logger is None:
-      self._logger = metrics.RunLogger(self._settings.run.logdir)
-    return self._logger
 
   def get_state(self) -> Dict[str, Any]:
     return {**self.evaluator.get_state(), 'next_eval': self.next_eval}
@@ -53,13 +51,9 @@ class EvaluatorNode:
   def run(self) -> None:
     stopping.run_guarded(self._settings, 'evaluator', self._loop,
                          on_failure=self._final_done.set,
-                         cleanup=self._close_logger, restartable=True)
+                         cleanup=self._logger.close, restartable=True)
     stopping.serve_until_learner_done(self._settings)
     self.evaluator.close()
-
-  def _close_logger(self) -> None:
-    if self._logger is not None:
-      self._logger.close()
 
   def _loop(self) -> None:
     stop = self._stop.program

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
 from acme.utils import counting
@@ -68,7 +68,8 @@ from experiments.layouts.distributed.join.service import (
 from experiments.layouts.distributed.join.slots import JoinSlots
 from experiments.layouts.distributed.learner import LearnerNode
 from experiments.layouts.distributed.learner_peer import LearnerPeerNode
-from experiments.layouts.distributed.rows import Progress, TrainRows
+from experiments.layouts.distributed.rows import (
+    Progress, RunCounts, TrainRows, WaitHooks)
 from experiments.layouts.distributed.rpc import (
     SyncedCounter, call_until, wait_for_replay)
 from experiments.layouts.distributed.secret import ensure_secret, secret_path
@@ -142,15 +143,16 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
   info = wait_for_replay(replay, stop.requested)
   tables_lib.check_signatures(info, builder.make_replay_tables(),
                               rundir.reverb_dir(run.logdir))
-  late: Dict[str, TrainRows] = {}       # the rows, once they exist
-  dataset = builder.make_dataset_iterator(
-      replay, should_stop=stop.requested, on_wait=lambda: late['rows'].poll())
   synced = SyncedCounter(counter, time_delta=settings.dist.counter_sync_s)
+  run_counts = RunCounts(settings, synced)
+  while_waiting = WaitHooks()           # the rows join once they exist
+  dataset = builder.make_dataset_iterator(
+      replay, should_stop=stop.requested, on_wait=while_waiting)
   learner = builder.make_learner(
       seed_keys(settings.config.seed)['learner'], builder.make_networks(),
       dataset, replay, synced,
-      logger_fn=lambda: metrics.LearnerRows(lambda: late['rows'].logger(),
-                                            lambda: late['rows'].env_steps),
+      logger_fn=lambda: metrics.LearnerRows(run_counts.logger,
+                                            lambda: run_counts.env_steps),
       log_every=run.learner_log_every, should_stop=stop.requested)
   progress = Progress(learner)
   if settings.resume:
@@ -160,9 +162,11 @@ def make_learner_node(settings: ProgramSettings, replay, counter, actors,
         s['wall_time'])
     log(f'[learner] resumed from {settings.resume}: {progress.updates} '
         f'updates, {len(dataset.latent_store)} stored latents')
-  rows = late['rows'] = TrainRows(
-      settings=settings, progress=progress, learner=learner, dataset=dataset,
-      replay=replay, counter=synced, actors=actors, join=join)
+  rows = TrainRows(
+      settings=settings, run_counts=run_counts, progress=progress,
+      learner=learner, dataset=dataset, replay=replay, actors=actors,
+      join=join)
+  while_waiting.add(rows.poll)    # rows stay on their grid while it waits
   checkpoints = CheckpointCoordinator(
       settings=settings, progress=progress, learner=learner, dataset=dataset,
       replay=replay, synced_counter=synced, counter=counter, actors=actors,
@@ -263,18 +267,18 @@ def make_evaluator_node(settings: ProgramSettings, learner,
                            settings.segment)
   if restart:
     key = jax.random.fold_in(key, restart)
-  box: Dict[str, Any] = {}
+  logger = metrics.OpenOnUse(run.logdir)      # eval rows
   evaluator = Evaluator(run, settings.builder, settings.segment, learner, key,
-                        lambda: box['node'].logger(), restart=restart)
+                        logger, restart=restart)
   evaluator.set_state((settings.run_state or {}).get('evaluator') or {})
   env_steps = int(settings.counts.get('env_steps', 0))
   if restart:
     env_steps = int(call_until(counter.get_counts, stopping.lp_hooks()[0]
                                .is_set).get('env_steps', env_steps))
-  node = box['node'] = EvaluatorNode(
+  return EvaluatorNode(
       settings, evaluator, counter,
-      next_multiple(env_steps, run.eval_every) if run.eval_every else None)
-  return node
+      next_multiple(env_steps, run.eval_every) if run.eval_every else None,
+      logger)
 
 
 def make_join_node(settings: ProgramSettings, replay, learner,

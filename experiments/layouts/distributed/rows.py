@@ -1,12 +1,19 @@
 """The learner node's train rows (docs/metrics.md): the run's counts, the
 learner's metrics, the actors' timings and parameter lag, the remote
-actors' ``join/*`` and the health counts, on the ``--log_every`` grid."""
+actors' ``join/*`` and the health counts, on the ``--log_every`` grid.
+
+Construction order (``program.make_learner_node``): ``RunCounts`` (the
+counts and the metrics log) comes first, since the learner's
+``metrics.LearnerRows`` write into its log at its env step; ``TrainRows``
+needs the learner and its dataset, so it comes after them. The dataset
+polls the rows while it waits for a batch through a ``WaitHooks`` made
+before it, which the rows join once they exist (``TrainRows.poll``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -32,19 +39,66 @@ class Progress:
     return self.wall0 + time.perf_counter() - self.t_start
 
 
+class WaitHooks:
+  """What the learner's dataset runs while it waits for a batch (its
+  ``on_wait``): every function ``add``-ed, in order."""
+
+  def __init__(self):
+    self._hooks: List[Callable[[], None]] = []
+
+  def add(self, hook: Callable[[], None]) -> None:
+    self._hooks.append(hook)
+
+  def __call__(self) -> None:
+    for hook in self._hooks:
+      hook()
+
+
+class RunCounts:
+  """The run's counts as the learner node last read them from the counter
+  (``counts``, ``env_steps``) and the run's metrics log (``logger``: train
+  and learner rows), opened on first use."""
+
+  def __init__(self, settings, counter):
+    """``counter``: the learner's synced counter."""
+    self._counter = counter
+    self.counts: Dict[str, float] = dict(settings.counts)
+    self.logger = metrics.OpenOnUse(settings.run.logdir)
+
+  @property
+  def env_steps(self) -> int:
+    return int(self.counts.get('env_steps', 0))
+
+  def read(self) -> bool:
+    """Reads the counter; False (the counts stay) when it does not answer."""
+    try:
+      self.counts = self._counter.get_counts()
+    except Exception as e:  # noqa: BLE001
+      log(f'[learner] counter unreachable: {e}')
+      return False
+    return True
+
+  def flush(self) -> None:
+    try:
+      self.counts = self._counter.flush()
+    except Exception:  # noqa: BLE001  (the counter is gone: the last counts)
+      pass
+
+  def close(self) -> None:
+    self.logger.close()
+
+
 class TrainRows:
   """Counts from the counter every ``poll_s``; a train row when they pass
   the next multiple of ``--log_every`` (``poll``) and whenever asked
   (``write``: the final row, the persistent-skip stop)."""
 
-  def __init__(self, *, settings, progress: Progress, learner, dataset,
-               replay, counter, actors, join=None):
-    """``counter``: the learner's synced counter; ``join``: the join
-    service's handle (None without one)."""
+  def __init__(self, *, settings, run_counts: RunCounts, progress: Progress,
+               learner, dataset, replay, actors, join=None):
+    """``join``: the join service's handle (None without one)."""
     self._settings, self._progress = settings, progress
     self._learner, self._dataset, self._replay = learner, dataset, replay
-    self._counter, self._actors, self._join = counter, list(actors), join
-    self.counts: Dict[str, float] = dict(settings.counts)
+    self._run_counts, self._actors, self._join = run_counts, list(actors), join
     self.next_log = next_multiple(int(self.counts.get('env_steps', 0)),
                                   settings.run.log_every)
     self.last_row: Dict[str, Any] = {}
@@ -54,18 +108,17 @@ class TrainRows:
     self.health = health.SkipGuard(settings.run.max_skipped_updates,
                                    settings.run.logdir, on_stop=self.write)
     self._mark: Optional[metrics.Tally] = None
-    self._logger: Optional[metrics.RunLogger] = None
     self._prev_actor_stats: Dict[int, Dict[str, Any]] = {}
     self._join_scores: List[float] = []
     self._last_poll = 0.0
 
   @property
-  def env_steps(self) -> int:
-    return int(self.counts.get('env_steps', 0))
+  def counts(self) -> Dict[str, float]:
+    return self._run_counts.counts
 
-  def logger(self) -> metrics.RunLogger:  # train and learner rows
-    self._logger = self._logger or metrics.RunLogger(self._settings.run.logdir)
-    return self._logger
+  @property
+  def env_steps(self) -> int:
+    return self._run_counts.env_steps
 
   def start(self) -> None:
     self._mark = self._tally()
@@ -75,10 +128,7 @@ class TrainRows:
     if now - self._last_poll < self._settings.dist.poll_s:
       return
     self._last_poll = now
-    try:
-      self.counts = self._counter.get_counts()
-    except Exception as e:  # noqa: BLE001
-      log(f'[learner] counter unreachable: {e}')
+    if not self._run_counts.read():
       return
     if self.env_steps >= self.next_log:
       self.write()
@@ -86,10 +136,7 @@ class TrainRows:
                                     self._settings.run.log_every)
 
   def flush_counts(self) -> None:
-    try:
-      self.counts = self._counter.flush()
-    except Exception:  # noqa: BLE001  (the counter is gone: the last counts)
-      pass
+    self._run_counts.flush()
 
   def write(self) -> None:
     now = self._tally()
@@ -102,15 +149,14 @@ class TrainRows:
                **self._join_row(), 'num_actors': settings.dist.num_actors,
                'run/restarts': restart_log.count_restarts(settings.run.logdir),
                **self._actor_row()})
-    self.logger().write(row)
+    self._run_counts.logger().write(row)
     self.last_row = {k: v for k, v in row.items()
                      if not k.startswith('train/')}
     self.last_row_step = now.env_steps
     self._mark = now
 
   def close(self) -> None:
-    if self._logger is not None:
-      self._logger.close()
+    self._run_counts.close()
 
   def _tally(self) -> metrics.Tally:
     c = self.counts
