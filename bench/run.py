@@ -137,7 +137,7 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
                   prefetch=not sync, report=False, verbose=False)
   trainer = Trainer(run, c)
   trainer._build()
-  learner, loop = trainer.learner, trainer.loop
+  learner, loop = trainer.parts.learner, trainer.parts.loop
   state = {'phase': 'fill', 'stop_at': None}
   if ceiling:
     real_step = learner.step
@@ -162,11 +162,11 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
   first_update_s = learner.timings['update_s']
   gate_steps = trainer.agent_steps
   state.update(phase='timed', stop_at=gate_steps + FLAGS.after_gate)
-  mark = trainer._tally()
+  mark = trainer.rows.tally()
   mark_t, upd0, before = mark.t, mark.updates, mark.parts
-  sample0, batches0 = trainer.dataset.sample_s, trainer.dataset.batches
+  sample0, batches0 = trainer.parts.dataset.sample_s, trainer.parts.dataset.batches
   loop.run()
-  now = trainer._tally()
+  now = trainer.rows.tally()
   now_t, upd1, after = now.t, now.updates, now.parts
   total = now_t - mark_t
   split = {k: (after[k] - before[k]) / total for k in after
@@ -174,7 +174,7 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
   split['other'] = max(0.0, 1.0 - sum(split.values()))
   steps = trainer.agent_steps - gate_steps
   updates = upd1 - upd0
-  batches = trainer.dataset.batches - batches0
+  batches = trainer.parts.dataset.batches - batches0
   res = {
       'size': size, 'train_ratio': FLAGS.train_ratio, 'num_envs': run.num_envs,
       'ceiling': ceiling, 'sync': sync, 'gate_agent_steps': gate_steps,
@@ -183,11 +183,11 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
       'env_steps_per_s': steps * run.action_repeat / total,
       'updates_per_s': updates / total,
       's_per_update': total / max(updates, 1),
-      'sample_thread_ms_per_batch': ((trainer.dataset.sample_s - sample0)
+      'sample_thread_ms_per_batch': ((trainer.parts.dataset.sample_s - sample0)
                                      / max(batches, 1) * 1e3),
       'split': split, 'non_learner_update_frac': 1.0 - split['learner_update'],
       'update_cache_size': None if ceiling else learner.update_cache_size(),
-      'owed_updates': trainer.agent.owed_updates,
+      'owed_updates': trainer.parts.agent.owed_updates,
   }
   order = 'sync' if sync else 'prefetch'
   if ceiling:

@@ -2,6 +2,8 @@
 
   local.py      one process: acme's EnvironmentLoop drives an agent whose
                 actor runs the spec 6.1 schedule (``Trainer``)
+  local_parts.py  its pieces, made from the builder, restored, saved, closed
+  local_rows.py   its train rows, episode scores and progress lines
   distributed/  a Launchpad program: replay, counter, learner, actors,
                 evaluator and step limiter in their own processes
 
