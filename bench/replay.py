@@ -61,10 +61,14 @@ flags.DEFINE_float('learner_update_s', 3.5,
                    'Learner update time to compare with (size12m target).')
 flags.DEFINE_bool('serve', False, 'Internal: run as the memory-phase server '
                   'process (prints its port, serves until stdin closes).')
-flags.DEFINE_bool('image', False, 'DMC vision steps: a 64x64x3 uint8 frame per '
-                  'step (spec 2.10), real cartpole_swingup frames rendered with '
-                  'MuJoCo EGL, one episode stream per worker, instead of the '
-                  'walker vectors.')
+flags.DEFINE_bool('image', False, 'Pixel steps: a 64x64x3 uint8 frame per '
+                  'step (spec 2.10), real frames of --image_task (one episode '
+                  'stream per worker under random actions; DMC renders with '
+                  'MuJoCo EGL), instead of the walker vectors.')
+flags.DEFINE_string('image_task', 'dmc:cartpole_swingup',
+                    'SUITE:TASK whose frames --image stores: dmc:<task> '
+                    '(vision), atari:<game> or crafter:reward (the run\'s own '
+                    'env stack, experiments/envs/suites.make_env).')
 flags.DEFINE_integer('serve_capacity', 0, 'Internal: replay_capacity of the '
                      'memory-phase server.')
 
@@ -77,17 +81,29 @@ def spaces():
   return IMAGE_SPACES if FLAGS.image else VECTOR_SPACES
 
 
+def _random_action(env, rng):
+  """A uniform random action: an index for a discrete env, else a vector in
+  the protocol's [-1, 1] (spec 7.4)."""
+  if env.spaces.discrete:
+    return int(rng.integers(env.act_dim))
+  return rng.uniform(-1, 1, env.act_dim)
+
+
 def render_streams(num_workers, length, seed=0):
-  """[length][num_workers, 64, 64, 3] uint8: one cartpole_swingup episode
-  per worker under random actions, rendered as DMC vision renders them."""
-  from experiments.envs.dmc import DMCEnv
+  """[length][num_workers, 64, 64, 3] uint8: one episode stream of
+  --image_task per worker under random actions (a new episode where one
+  ends), through the run's own env stack (DMC vision: rendered with EGL)."""
+  from experiments.envs import suites
+  suite, task = FLAGS.image_task.split(':', 1)
   streams = []
   for w in range(num_workers):
-    env = DMCEnv('cartpole_swingup', seed=seed + w, image=True, proprio=False)
+    env = suites.make_env(suite, task, 1 if suite == 'crafter' else
+                          (4 if suite == 'atari' else 2), seed + w,
+                          image=suite == 'dmc', proprio=suite != 'dmc')
     rng = np.random.default_rng(seed + w)
     frames = [env.reset()['image']]
-    while len(frames) < length:
-      frames.append(env.step(rng.uniform(-1, 1, 1))['image'])
+    while len(frames) < length:   # step() after is_last is the reset
+      frames.append(env.step(_random_action(env, rng))['image'])
     env.close()
     streams.append(frames)
   return [np.stack([streams[w][i] for w in range(num_workers)])
