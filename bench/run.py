@@ -127,6 +127,7 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
   from agent.config import make_config
   from experiments.layouts.local import Trainer
   from experiments.run.config import RunConfig
+  from experiments.run.experiment import make_experiment
 
   c = make_config(size=size, train_ratio=FLAGS.train_ratio,
                   compute_dtype=FLAGS.compute_dtype)
@@ -135,7 +136,7 @@ def bench_end_to_end(size: str, ceiling: bool, sync: bool):
                   num_envs=FLAGS.num_envs, action_repeat=FLAGS.action_repeat,
                   checkpoint_every=1e12, log_every=10**12, progress_every=1e12,
                   prefetch=not sync, report=False, verbose=False)
-  trainer = Trainer(run, c)
+  trainer = Trainer(make_experiment(run, c))
   trainer._build()
   learner, loop = trainer.parts.learner, trainer.parts.loop
   state = {'phase': 'fill', 'stop_at': None}
