@@ -29,7 +29,7 @@ from experiments.config_overrides import parse_overrides
 from experiments.envs import suites
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.settings import RULES
-from experiments.run.config import RUN_RULES, check_max_skipped
+from experiments.run.config import OPTIONAL_RUN_RULES, RUN_RULES, check_max_skipped
 from reverb_tables.config import REPLAY_RULES, rule_ok, rule_text
 from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
@@ -187,8 +187,8 @@ def _define_replay_flags(F: dict) -> None:
   flags.DEFINE_float('time_limit', None,
                      'Episode length in simulated seconds (tests); default the '
                      "task's own (1000 control steps).", **F)
-  flags.DEFINE_integer('chunk_length', 0, 'Reverb chunk length of the adder '
-                       '(0: the WindowAdder default).', **F)
+  flags.DEFINE_integer('chunk_length', None, 'Reverb chunk length of the '
+                       'adder (unset: the WindowAdder default).', **F)
   flags.DEFINE_multi_string('config_overrides', [],
                             'Extra DreamerConfig fields as name=value '
                             '(e.g. lr=1e-4); see agent/config.py.', **F)
@@ -345,8 +345,9 @@ def _register_validators(fv: flags.FlagValues) -> None:
                list(RULES.values())):
     if rule[0] in fv:
       v(rule[0], functools.partial(rule_ok, rule), rule_text(rule))
-  v('time_limit', lambda x: x is None or x > 0, 'must be > 0 seconds')
-  v('chunk_length', lambda x: x is not None and x >= 0, 'must be >= 0')
+  for rule in OPTIONAL_RUN_RULES.values():   # unset (None) is the default
+    v(rule[0], lambda x, rule=rule: x is None or rule_ok(rule, x),
+      rule_text(rule))
   v('max_skipped_updates', _max_skipped_ok, 'must be an integer >= 0 '
     '(0 = never stop)')
   v('coordinator_address', _address_ok, 'must be HOST:PORT (or empty)')

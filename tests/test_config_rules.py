@@ -14,7 +14,8 @@ BAD_RUN = [('num_envs', 0), ('num_envs', 1001), ('env_steps', 0),
            ('eval_episodes', -1), ('eval_episodes', 1001),
            ('checkpoint_every', 0), ('log_every', 0),
            ('learner_log_every', -1), ('progress_every', 0),
-           ('action_repeat', 0)]
+           ('action_repeat', 0), ('time_limit', 0.0), ('time_limit', -1.0),
+           ('chunk_length', 0)]
 BAD_AGENT = [('train_ratio', 0), ('train_ratio', -1), ('batch_length', 1),
              ('batch_size', 0), ('train_fill', -1), ('seed', -3),
              ('seed', 1_000_000)]

@@ -66,6 +66,13 @@ RUN_RULES: Dict[str, Rule] = {
     'replay_value_limit': ('replay_value_limit', 0, None, True),
 }
 
+# Fields that may be None (the default: dm_control's own episode length, the
+# WindowAdder's chunk length); when set, their range rule holds.
+OPTIONAL_RUN_RULES: Dict[str, Rule] = {
+    'time_limit': ('time_limit', 0, None, True),
+    'chunk_length': ('chunk_length', 1, None, False),
+}
+
 
 def check_max_skipped(value) -> int:
   """``--max_skipped_updates`` (``experiments.run.health``) as an int;
@@ -134,6 +141,8 @@ class RunConfig:
 
   def __post_init__(self):
     check_rules(RUN_RULES, self)
+    check_rules({f: r for f, r in OPTIONAL_RUN_RULES.items()
+                 if getattr(self, f) is not None}, self)
     if self.suite == 'custom' and self.env_factory is None:
       raise ValueError("suite 'custom' needs env_factory (seed -> dm_env.Environment)")
     suites.check_task(self.suite, self.task, self.time_limit, self.image,
