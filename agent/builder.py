@@ -18,7 +18,6 @@ releases use.
   learner = builder.make_learner(key, nets, dataset, client, counter)
   policy  = builder.make_policy(nets)                    # agent.acting (7.1)
   actor   = builder.make_actor(key2, policy, adder, variable_source=learner)
-  schedule = builder.make_train_schedule()               # one process (6.1)
 
 In one process (``experiments.layouts.scheduled``) the learner is the variable
 source and the actor refreshes its params before each policy call; in
@@ -53,7 +52,6 @@ from agent import types
 from agent.types import EnvSpaces, step_spec
 from reverb_tables.adder import DEFAULT_CHUNK_LENGTH, WindowAdder
 from reverb_tables.latent_store import LatentStore
-from reverb_tables.ratio import TrainSchedule
 from reverb_tables.sampler import ReplaySampler
 from reverb_tables.step_checks import StepBounds
 from reverb_tables.tables import make_replay_tables
@@ -200,12 +198,6 @@ class DreamerBuilder(builders.ActorLearnerBuilder):
     return ReplayIterator(sampler, store, prefetch=self._prefetch,
                           should_stop=should_stop, on_wait=on_wait, put=put,
                           batch_size=rows)
-
-  def make_train_schedule(self) -> TrainSchedule:
-    """The spec 6.1 / 6.2 schedule of one process: updates due after each
-    transition, train_ratio / (B*T) of them, gated on train_fill items
-    (``experiments.layouts.scheduled.ScheduledUpdates`` runs it)."""
-    return TrainSchedule(self.config)
 
   # -- learner / actor --------------------------------------------------------------
   def make_learner(self, random_key, networks: nets_lib.DreamerNetworks,

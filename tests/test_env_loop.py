@@ -21,7 +21,7 @@ from experiments.envs.dmc import DMCEnv
 from experiments.envs.vector import VectorEnv
 from experiments.run import env_loop
 from reverb_tables import tables as tables_lib
-from reverb_tables.ratio import TrainSchedule
+from experiments.layouts.scheduled import TrainSchedule
 from tests.smoke_model import SMOKE_MODEL
 
 TASK = 'cartpole_swingup'

@@ -22,7 +22,7 @@ MODULES = sorted(p.stem for p in PACKAGE.glob('*.py') if p.stem != '__init__')
 
 
 def test_modules_found():
-  assert {'config', 'tables', 'adder', 'sampler', 'latent_store', 'ratio',
+  assert {'config', 'tables', 'adder', 'sampler', 'latent_store',
           'checkpoint', 'packing'} <= set(MODULES), MODULES
 
 

@@ -18,7 +18,7 @@ from agent.config import make_config
 from reverb_tables import checkpoint as ckpt
 from reverb_tables.adder import WindowAdder, step_spec_from_server
 from reverb_tables.latent_store import LatentStore
-from reverb_tables.ratio import TrainSchedule
+from experiments.layouts.scheduled import TrainSchedule
 from reverb_tables.sampler import ReplaySampler, annotate
 from reverb_tables.tables import (for_one_process, ONLINE_TABLE, UNIFORM_TABLE,
                                   make_replay_tables, make_server)

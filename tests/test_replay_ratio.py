@@ -5,7 +5,7 @@ import math
 import pytest
 
 from agent.config import make_config
-from reverb_tables.ratio import Ratio, TrainSchedule
+from experiments.layouts.scheduled import Ratio, TrainSchedule
 
 
 def test_ratio_exact_accrual():

@@ -262,7 +262,7 @@ def test_learner_rows_are_window_means_keyed_by_global_updates(parts, envs,
 def test_builder_actor_learner_loop_follows_schedule(parts, envs, replay, config):
   """spec 6.1 / 6.2 via the builder: per-transition schedule; first update once
   the replay holds train_fill items; acting params follow the learner."""
-  from reverb_tables.ratio import TrainSchedule
+  from experiments.layouts.scheduled import TrainSchedule
   builder, nets, train_step = parts
   learner = DreamerLearner(nets, replay.dataset, seed_keys(0)['learner'],
                            train_step=train_step)

@@ -8,7 +8,7 @@ shape of acme's ``LocalLayout`` (the experiment's builder makes every piece,
   server   = Reverb server with builder.make_replay_tables() (uniform +
              online), the uniform table's limiter adapted to one process
              (``reverb_tables.tables.for_one_process``)
-  schedule = builder.make_train_schedule()              # spec 6.1, 6.2
+  schedule = TrainSchedule(config)                      # spec 6.1, 6.2
   updates  = ScheduledUpdates(learner, schedule, ...)   # the actor's on_add
   actor    = builder.make_actor(..., on_add=updates)
   agent    = DreamerAgent(actor, learner, updates)      # acme Actor

@@ -50,7 +50,8 @@ class LocalParts:
     from acme.utils import counting
 
     from agent.builder import seed_keys
-    from experiments.layouts.scheduled import DreamerAgent, ScheduledUpdates
+    from experiments.layouts.scheduled import (
+        DreamerAgent, ScheduledUpdates, TrainSchedule)
     from experiments.run.config import segment_seed
     from reverb_tables import tables as tables_lib
 
@@ -70,7 +71,7 @@ class LocalParts:
       tables_lib.check_signatures(self.client.server_info(), tables, reverb_root)
     self.adder = builder.make_adder(self.client)
     self.dataset = builder.make_dataset_iterator(self.client)
-    self.schedule = builder.make_train_schedule()
+    self.schedule = TrainSchedule(c)
     self.keys = seed_keys(c.seed)
     self.networks = builder.make_networks()
     self.counter = counting.Counter()
