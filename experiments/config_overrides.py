@@ -12,10 +12,6 @@ import dataclasses
 
 from agent.config import DreamerConfig
 
-# Flags that map onto DreamerConfig fields directly (flag name == field name).
-CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
-                'batch_length', 'replay_capacity')
-
 
 def _field_types():
   """{DreamerConfig field: the Python type of its default} (None: Optional)."""
@@ -50,11 +46,13 @@ def _typed(name: str, value, kind):
                    f'(DreamerConfig.{name} is {kind.__name__})')
 
 
-def parse_overrides(entries) -> dict:
+def parse_overrides(entries, flagged=()) -> dict:
   """['lr=1e-4', 'online_queue=False'] -> {'lr': 1e-4, 'online_queue': False}.
 
   Each value is checked against the DreamerConfig field's type before
-  anything is built or written (ValueError naming the field)."""
+  anything is built or written (ValueError naming the field); a field in
+  ``flagged`` has its own flag and is refused here
+  (``experiments.options.FLAGGED_FIELDS``)."""
   types = _field_types()
   out = {}
   for entry in entries or []:
@@ -64,7 +62,7 @@ def parse_overrides(entries) -> dict:
     name = name.strip()
     if name not in types:
       raise ValueError(f'--config_overrides: unknown DreamerConfig field {name!r}')
-    if name in CONFIG_FLAGS or name == 'train_fill':
+    if name in flagged:
       raise ValueError(f'--config_overrides: set {name!r} with --{name}')
     try:
       value = ast.literal_eval(raw.strip())

@@ -2,10 +2,11 @@
 
 ``define_flags(fv)`` defines the flags of ``experiments/run_dmc.py`` (and of
 the ``train()`` API) with their validators; ``help_text(fv)`` is its
-``--help``. What the parsed flags make (the configs, the experiment, the
-arguments of a remote actor or learner process) is
-``experiments.flag_configs``. Each rule lives once: the ranges of the run
-and of the program in their tables (``experiments.run.config.RUN_RULES``,
+``--help``. What the parsed flags make: the configs and the experiment in
+``experiments.run.experiment`` (``experiment_from_flags``), the arguments of
+a remote actor or learner process in ``experiments.run_dmc``. Each rule
+lives once: the ranges of the run and of the program in their tables
+(``experiments.run.config.RUN_RULES``,
 ``experiments.layouts.distributed.settings.RULES``; the validators here and
 the dataclasses both check them), task / suite / time_limit in
 ``experiments.envs.suites.check_task``, the actor and device split in
@@ -42,6 +43,12 @@ FLAG_NAMES = (
     'image', 'proprio', 'chunk_length', 'config_overrides', 'learner_prefetch',
     'report', 'jax_cache_dir', 'learner_devices', 'policy_device',
     'max_skipped_updates', 'replay_value_limit')
+# Flags that set the DreamerConfig field of their name (the agent's config
+# from flags: ``experiments.run.experiment.configs_from_flags``). --train_fill
+# sets one too (0 means B*T); --config_overrides may set none of them.
+CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
+                'batch_length', 'replay_capacity')
+FLAGGED_FIELDS = CONFIG_FLAGS + ('train_fill',)
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace', 'max_restarts',
                    'learner_processes', 'coordinator_address',
@@ -398,7 +405,7 @@ def _task_ok(values) -> bool:
 
 def _overrides_ok(entries) -> bool:
   try:
-    parse_overrides(entries)
+    parse_overrides(entries, FLAGGED_FIELDS)
   except ValueError as e:        # the message names the field and its type
     raise flags.ValidationError(str(e)) from e
   return True

@@ -14,7 +14,8 @@ acme's EnvironmentLoop, Algorithm K); with it, a Launchpad program
 program running elsewhere (experiments/layouts/distributed/join/); with
 --learner_peer, one of its learner processes on another host
 (experiments/layouts/distributed/remote_peers.py). Flags and their checks:
-experiments/options.py; the configs they make: experiments/flag_configs.py.
+experiments/options.py; the configs and the experiment they make:
+experiments/run/experiment.py.
 ``train(env_factory, ...)`` below runs your own environment with the same
 flags.
 
@@ -43,14 +44,61 @@ from absl import app, flags
 if __package__ in (None, ''):  # run as a script: make the repo root importable
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments import flag_configs, options  # noqa: E402
+from experiments import options  # noqa: E402
 from experiments.envs.protocol import did_you_mean  # noqa: E402
 from experiments.layouts import local  # noqa: E402
 from experiments.layouts.distributed import launch, remote_peers  # noqa: E402
 from experiments.layouts.distributed.join import remote  # noqa: E402
 from experiments.run import private_files, rundir  # noqa: E402
-from experiments.run.experiment import DreamerExperiment, make_experiment  # noqa: E402
+from experiments.run.experiment import (  # noqa: E402
+    DreamerExperiment, configs_from_flags, experiment_from_flags, join_workers,
+    make_experiment)
+from experiments.options import (  # noqa: E402
+    DIST_FLAG_NAMES, FLAG_NAMES, JOIN_FLAG_NAMES, PEER_FLAG_NAMES)
 from experiments.tools import report  # noqa: E402
+
+
+def _only(fv: flags.FlagValues, allowed, what: str, usage: str) -> None:
+  """ValueError naming the run flags set beyond ``allowed``: ``what`` runs
+  the program's settings, not its own."""
+  others = sorted(name for name in fv if fv[name].present and
+                  name in FLAG_NAMES + DIST_FLAG_NAMES and name not in allowed)
+  if others:
+    raise ValueError(
+        f'{what} takes the running program\'s settings; these flags are not '
+        f'its own: {", ".join("--" + n for n in others)} (pass only {usage})')
+  if not fv.distributed:
+    raise ValueError(f'{what} needs --distributed (it joins a Launchpad '
+                     'program)')
+
+
+def join_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
+  """(address, num_envs, secret file) of a remote actor (``--join``);
+  ValueError naming any other flag that was set: a remote actor runs the
+  program's settings."""
+  _only(fv, JOIN_FLAG_NAMES, '--join',
+        '--distributed --join=HOST:PORT --num_envs=N [--join_secret_file=F]')
+  return fv.join, fv.num_envs, fv.join_secret_file
+
+
+def peer_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
+  """(logdir, process id, bind, secret file) of a remote learner process
+  (``--learner_peer``); ValueError as ``join_args_from_flags``. When the id
+  comes from ``$JAX_PROCESS_ID`` (the same command line on every host), the
+  program's own flags on it are ignored rather than refused."""
+  if fv['learner_peer'].present:
+    _only(fv, PEER_FLAG_NAMES, '--learner_peer',
+          '--distributed --learner_peer=K --logdir=DIR [--bind=HOST] '
+          '[--join_secret_file=F]')
+  elif not fv.distributed:
+    raise ValueError('$JAX_PROCESS_ID >= 1 runs a remote learner process, '
+                     'which needs --distributed')
+  if not fv.logdir:
+    raise ValueError('--learner_peer needs --logdir: the program\'s run '
+                     'directory, shared at the same path')
+  return (os.path.abspath(os.path.expanduser(fv.logdir)), fv.learner_peer,
+          fv.bind, fv.join_secret_file)
+
 
 # Flags that make no sense for train(env_factory, ...): the env comes from the
 # factory, and the logdir is an argument.
@@ -134,13 +182,13 @@ def train(env_factory, *, task: str, logdir: str, flagfile: str = None,
     setattr(fv, name, value)           # runs the flag's validators
   fv.time_limit = None
   fv.distributed = bool(distributed)
-  run, config, dist = flag_configs.configs_from_flags(fv)
+  run, config, dist = configs_from_flags(fv)
   text = ''.join(line + '\n' for line in run.flags_text.splitlines()
                  if not line.startswith(('--suite=', '--task=', '--time_limit=')))
   run = dataclasses.replace(
       run, suite='custom', task=str(task), env_factory=env_factory,
       flags_text=f'# suite custom (experiments.run_dmc.train), task {task}\n' + text)
-  return start(make_experiment(run, config, flag_configs.join_workers(dist)),
+  return start(make_experiment(run, config, join_workers(dist)),
                dist)()
 
 
@@ -152,9 +200,9 @@ def main(argv) -> int:
       if flags.FLAGS.learner_peer and flags.FLAGS.join:
         raise ValueError('--join and --learner_peer: one or the other')
       if flags.FLAGS.join:
-        remote.main(*flag_configs.join_args_from_flags(flags.FLAGS))
+        remote.main(*join_args_from_flags(flags.FLAGS))
       else:
-        remote_peers.run_remote_peer(*flag_configs.peer_args_from_flags(flags.FLAGS))
+        remote_peers.run_remote_peer(*peer_args_from_flags(flags.FLAGS))
     except ValueError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2
@@ -163,7 +211,7 @@ def main(argv) -> int:
       return 3
     return 0
   try:
-    experiment, dist = flag_configs.experiment_from_flags(flags.FLAGS)
+    experiment, dist = experiment_from_flags(flags.FLAGS)
     run = experiment.run
     go = start(experiment, dist)
   except ValueError as e:   # bad input: nothing was written

@@ -52,7 +52,7 @@ def _spec(tmp_path, num_actors=2, num_envs=4, eval_episodes=1, join_slots=0,
                                         join_slots=join_slots)
   experiment = experiment_of(run, make_config(**config_kw),
                              synthetic.WALKER_SPACES, join_slots)
-  settings_lib.check_layout(experiment, dist)
+  settings_lib.check_layout(experiment.run, dist)
   return settings_lib.ProgramSettings(
       experiment=experiment, dist=dist, launch_dir=str(tmp_path / 'launch'))
 

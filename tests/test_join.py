@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 from absl import flags
 
-from experiments import flag_configs, options
+from experiments import options, run_dmc
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.join import remote
 from experiments.layouts.distributed.join.slots import (
     EPISODE_BURST, EPISODE_RATE, JoinSlots)
+from experiments.run import experiment as experiment_lib
 from experiments.run import rundir
 from agent.config import make_config
 from reverb_tables.config import latent_store_np_dtype
@@ -136,15 +137,15 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   # A remote actor takes only --distributed --join --num_envs
   # --join_secret_file.
   with pytest.raises(ValueError, match='--batch_size, --task'):
-    flag_configs.join_args_from_flags(_parse(
+    run_dmc.join_args_from_flags(_parse(
         '--distributed', '--join=h:1', '--task=walker_walk', '--batch_size=8'))
   with pytest.raises(ValueError, match='--join needs --distributed'):
-    flag_configs.join_args_from_flags(_parse('--join=h:1'))
-  assert flag_configs.join_args_from_flags(_parse(
+    run_dmc.join_args_from_flags(_parse('--join=h:1'))
+  assert run_dmc.join_args_from_flags(_parse(
       '--distributed', '--join=10.0.0.1:7070', '--num_envs=3',
       '--join_secret_file=/s')) == ('10.0.0.1:7070', 3, '/s')
   # ... or the program's run directory, whose join.json names the address.
-  assert flag_configs.join_args_from_flags(_parse(
+  assert run_dmc.join_args_from_flags(_parse(
       '--distributed', f'--join={tmp_path}'))[0] == str(tmp_path)
   with pytest.raises(ValueError, match='no join.json there'):
     remote.service_address(str(tmp_path))
@@ -155,12 +156,12 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   assert parse_address('[::1]:7070') == ('::1', 7070)
   base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
   with pytest.raises(ValueError, match='need --distributed'):
-    flag_configs.configs_from_flags(_parse(*base, '--join_slots=2'))
+    experiment_lib.configs_from_flags(_parse(*base, '--join_slots=2'))
   with pytest.raises(ValueError, match='need --distributed'):
-    flag_configs.configs_from_flags(_parse(*base, '--join_secret_file=/s'))
+    experiment_lib.configs_from_flags(_parse(*base, '--join_secret_file=/s'))
   with pytest.raises(flags.IllegalFlagValueError, match='--join_max_envs'):
     _parse(*base, '--join_max_envs=-1')
-  _, _, dist = flag_configs.configs_from_flags(_parse(
+  _, _, dist = experiment_lib.configs_from_flags(_parse(
       *base, '--distributed', '--join_slots=4', '--join_port=7070',
       '--bind=0.0.0.0', '--join_lease=5', '--join_max_envs=2',
       f'--join_secret_file={tmp_path / "s"}'))
@@ -172,16 +173,16 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   # --bind.
   two = ('--distributed', '--learner_processes=2', '--learner_devices=2')
   with pytest.raises(ValueError, match='needs --coordinator_address'):
-    flag_configs.configs_from_flags(_parse(*base, *two,
+    experiment_lib.configs_from_flags(_parse(*base, *two,
                                       '--remote_learner_processes=1'))
   with pytest.raises(ValueError, match=r'must be in \[0, --learner_processes'):
-    flag_configs.configs_from_flags(_parse(
+    experiment_lib.configs_from_flags(_parse(
         *base, *two, '--remote_learner_processes=2',
         '--coordinator_address=10.0.0.1:1234'))
   with pytest.raises(ValueError, match='--task'):
-    flag_configs.peer_args_from_flags(_parse('--distributed', '--learner_peer=1',
+    run_dmc.peer_args_from_flags(_parse('--distributed', '--learner_peer=1',
                                         f'--logdir={tmp_path}', '--task=walker_run'))
-  assert flag_configs.peer_args_from_flags(_parse(
+  assert run_dmc.peer_args_from_flags(_parse(
       '--distributed', '--learner_peer=1', f'--logdir={tmp_path}',
       '--bind=10.0.0.2')) == (str(tmp_path), 1, '10.0.0.2', '')
   # ... or from jax's environment variables: the same command on every host.

@@ -103,7 +103,7 @@ def prepare(experiment: DreamerExperiment, dist: DistributedConfig,
   anything is written) for bad settings, and for ``--isolation=required``
   where the program cannot be sealed."""
   run, config = experiment.run, experiment.config
-  check_layout(experiment, dist)
+  check_layout(run, dist)
   if decision is None:
     decision = seal.decide(dist)
   latest = rundir.validate(run, config, MODE)

@@ -28,6 +28,7 @@ from experiments.layouts.distributed.secret import joiner_secret, sign, verify
 from experiments.layouts.distributed.settings import ProgramSettings
 from experiments.run import rundir
 from experiments.run.config import log
+from experiments.run.experiment import experiment_of
 from experiments.run.private_files import check_private
 
 PEERS_FILE = 'learner_peers.json'
@@ -74,7 +75,7 @@ def run_remote_peer(logdir: str, process_id: int, bind: str = '',
   check_private(path)
   with open(path) as f:
     info = verify(key, f.read(), path)
-  settings = ProgramSettings.from_json(info['settings'])
+  settings = ProgramSettings.from_json(info['settings'], experiment_of)
   dist = settings.dist
   first = dist.learner_processes - dist.remote_learner_processes
   if not first <= process_id < dist.learner_processes:

@@ -12,14 +12,13 @@ this launch's scratch folder, segment, resume point and coordinator.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from agent.parallel import check_processes
 from agent.types import EnvSpaces
 from experiments.layouts.distributed.addresses import advertised_host
 from experiments.layouts.distributed.seal import ISOLATION
 from experiments.run.config import Rule, RunConfig, check_rules
-from experiments.run.experiment import DreamerExperiment, experiment_of
 from reverb_tables.latent_store import id_jump
 
 MODE = 'distributed'
@@ -156,13 +155,11 @@ class DistributedConfig:
     return int(self.stop_grace_s + 30)
 
 
-def check_layout(experiment: DreamerExperiment,
-                 dist: DistributedConfig) -> None:
-  """ValueError unless the experiment fits the program: the training envs
-  split evenly over the actor processes, the learner devices over the
-  learner processes, and remote actors can build the envs (the one place
-  these rules live)."""
-  run = experiment.run
+def check_layout(run: RunConfig, dist: DistributedConfig) -> None:
+  """ValueError unless the run fits the program: the training envs split
+  evenly over the actor processes, the learner devices over the learner
+  processes, and remote actors can build the envs (the one place these
+  rules live)."""
   if run.num_envs % dist.num_actors:
     raise ValueError(f'--num_envs {run.num_envs} (total training envs) must '
                      f'be a multiple of --num_actors {dist.num_actors}: each '
@@ -189,7 +186,9 @@ class ProgramSettings:
   ``unsealed`` says why; join_listener: where the sealed join node gets its
   listening socket (``seal.ListenerBroker``; '' binds one itself).
   """
-  experiment: DreamerExperiment
+  # experiments.run.experiment.DreamerExperiment, which imports this module
+  # (the program's settings from flags), so it is not imported here.
+  experiment: object
   dist: DistributedConfig
   launch_dir: str
   segment: int = 0
@@ -271,9 +270,13 @@ class ProgramSettings:
             'coordinator_address': self.coordinator_address}
 
   @classmethod
-  def from_json(cls, data: Dict[str, Any]) -> 'ProgramSettings':
+  def from_json(cls, data: Dict[str, Any],
+                experiment_of: Callable[..., Any]) -> 'ProgramSettings':
     """The settings ``to_json`` describes; ValueError naming a field that
-    the constructors refuse. A 'custom' suite's env cannot be made here."""
+    the constructors refuse. A 'custom' suite's env cannot be made here.
+    ``experiment_of``: ``experiments.run.experiment.experiment_of``, which
+    makes the experiment from (run, config, spaces, join workers); passed in
+    because that module imports this one."""
     from agent.config import make_config
     try:
       run = dict(data['run'])

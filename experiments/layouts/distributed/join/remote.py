@@ -50,6 +50,7 @@ from experiments.layouts.distributed.secret import joiner_secret
 from experiments.layouts.distributed.settings import ProgramSettings
 from experiments.run import env_loop, rundir
 from experiments.run.config import log, segment_seed
+from experiments.run.experiment import experiment_of
 
 # How long a joining actor keeps trying to reach the service at the start.
 CONNECT_S = 300.0
@@ -316,7 +317,7 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
   secret = joiner_secret(target, secret_file)
   stop = stop or threading.Event()
   conn, ticket = _claim(address, secret, num_envs, stop)
-  settings = ProgramSettings.from_json(ticket['settings'])
+  settings = ProgramSettings.from_json(ticket['settings'], experiment_of)
   c, claim = settings.config, int(ticket['claim'])
   log(f'[join] claim {claim}: {num_envs} envs of {settings.run.task} as workers '
       f'[{ticket["offset"]}, {ticket["offset"] + num_envs}) of the program '
