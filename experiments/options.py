@@ -1,10 +1,16 @@
-"""Every run flag and its check (both layouts).
+"""Every run flag, its check, and the configs the parsed flags make (both
+layouts), as acme's ``run_*.py`` define their flags beside
+``build_experiment_config``.
 
 ``define_flags(fv)`` defines the flags of ``experiments/run_dmc.py`` (and of
 the ``train()`` API) with their validators; ``help_text(fv)`` is its
-``--help``. What the parsed flags make: the configs and the experiment in
-``experiments.run.experiment`` (``experiment_from_flags``), the arguments of
-a remote actor or learner process in ``experiments.run_dmc``. Each rule
+``--help``. ``configs_from_flags(fv)``: the ``CONFIG_FLAGS`` become the
+DreamerConfig fields of their names (``--train_ratio`` ->
+``DreamerConfig.train_ratio`` -> the builder's rate limiter, spec 6.1), the
+rest the ``RunConfig`` and, with ``--distributed``, the program's
+``DistributedConfig``; ``experiment_from_flags(fv)`` makes the experiment
+from them (``experiments.run.experiment.make_experiment``). The arguments of
+a remote actor or learner process: ``experiments.run_dmc``. Each rule
 lives once: the ranges of the run and of the program in their tables
 (``experiments.run.config.RUN_RULES``,
 ``experiments.layouts.distributed.settings.RULES``; the validators here and
@@ -22,15 +28,20 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Optional, Tuple
 
 from absl import flags
 
-from agent.config import COMPUTE_DTYPES, SIZE_PRESETS
+from agent.config import (
+    COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config)
 from experiments.config_overrides import parse_overrides
 from experiments.envs import suites
 from experiments.layouts.distributed.addresses import parse_address
-from experiments.layouts.distributed.settings import RULES
-from experiments.run.config import OPTIONAL_RUN_RULES, RUN_RULES, check_max_skipped
+from experiments.layouts.distributed.settings import (
+    RULES, DistributedConfig)
+from experiments.run.config import (
+    OPTIONAL_RUN_RULES, RUN_RULES, RunConfig, check_max_skipped)
+from experiments.run.experiment import DreamerExperiment, make_experiment
 from reverb_tables.config import REPLAY_RULES, rule_ok, rule_text
 from reverb_tables.step_checks import DEFAULT_VALUE_LIMIT
 
@@ -44,7 +55,7 @@ FLAG_NAMES = (
     'report', 'jax_cache_dir', 'learner_devices', 'policy_device',
     'max_skipped_updates', 'replay_value_limit')
 # Flags that set the DreamerConfig field of their name (the agent's config
-# from flags: ``experiments.run.experiment.configs_from_flags``). --train_fill
+# from flags: ``configs_from_flags`` below). --train_fill
 # sets one too (0 means B*T); --config_overrides may set none of them.
 CONFIG_FLAGS = ('size', 'train_ratio', 'seed', 'compute_dtype', 'batch_size',
                 'batch_length', 'replay_capacity')
@@ -409,3 +420,84 @@ def _overrides_ok(entries) -> bool:
   except ValueError as e:        # the message names the field and its type
     raise flags.ValidationError(str(e)) from e
   return True
+
+
+# -- what the parsed flags make ----------------------------------------------
+def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
+                       ) -> Tuple[RunConfig, DreamerConfig,
+                                  Optional[DistributedConfig]]:
+  """(RunConfig, DreamerConfig, DistributedConfig or None without
+  --distributed) from parsed flags; ValueError names the flag."""
+  kw = {name: fv[name].value for name in CONFIG_FLAGS}   # train_ratio, ...
+  kw['train_fill'] = fv.train_fill or fv.batch_size * fv.batch_length
+  kw.update(parse_overrides(fv.config_overrides, FLAGGED_FIELDS))
+  try:
+    config = make_config(**kw)
+  except ValueError as e:
+    raise ValueError(f'invalid configuration from flags: {e}') from e
+  names = FLAG_NAMES + (DIST_FLAG_NAMES if fv.distributed else ())
+  text = ''.join(fv[name].serialize() + '\n' for name in names
+                 if fv[name].serialize())
+  logdir = os.path.abspath(os.path.expanduser(fv.logdir))
+  run = RunConfig(
+      suite=fv.suite, task=fv.task, logdir=logdir,
+      env_steps=fv.env_steps, num_envs=fv.num_envs,
+      action_repeat=fv.action_repeat, eval_every=fv.eval_every,
+      eval_episodes=fv.eval_episodes, eval_policy=fv.eval_policy,
+      checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
+      learner_log_every=fv.learner_log_every,
+      progress_every=fv.progress_every, time_limit=fv.time_limit,
+      image=fv.image, proprio=fv.proprio,
+      chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
+      report=fv.report, jax_cache_dir=jax_cache_dir(fv, logdir),
+      learner_devices=fv.learner_devices, policy_device=fv.policy_device,
+      max_skipped_updates=fv.max_skipped_updates,
+      replay_value_limit=fv.replay_value_limit, flags_text=text)
+  dist = None
+  if fv.distributed:
+    dist = DistributedConfig(
+        num_actors=fv.num_actors, update_period=fv.actor_update_period,
+        terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace,
+        max_restarts=fv.max_restarts,
+        learner_processes=fv.learner_processes,
+        coordinator_address=fv.coordinator_address,
+        remote_learner_processes=fv.remote_learner_processes,
+        join_slots=fv.join_slots, join_port=fv.join_port, bind=fv.bind,
+        join_lease_s=fv.join_lease, join_max_envs=fv.join_max_envs,
+        join_secret_file=(os.path.abspath(os.path.expanduser(
+            fv.join_secret_file)) if fv.join_secret_file else ''),
+        isolation=fv.isolation)
+  elif fv.learner_processes != 1:
+    raise ValueError('--learner_processes needs --distributed (the learner '
+                     'processes are nodes of the Launchpad program)')
+  elif (fv.join_slots or fv.join_port or fv.bind or fv.join_max_envs or
+        fv.join_secret_file or fv.remote_learner_processes):
+    raise ValueError('--join_slots, --join_port, --bind, --join_max_envs, '
+                     '--join_secret_file and --remote_learner_processes need '
+                     '--distributed (they are settings of the Launchpad '
+                     'program)')
+  return run, config, dist
+
+
+def experiment_from_flags(fv: flags.FlagValues = flags.FLAGS
+                          ) -> Tuple[DreamerExperiment,
+                                     Optional[DistributedConfig]]:
+  """(the experiment, the Launchpad program's settings or None without
+  --distributed) from parsed flags: what both layouts take; ValueError
+  names the flag."""
+  run, config, dist = configs_from_flags(fv)
+  return make_experiment(run, config, join_workers(dist)), dist
+
+
+def join_workers(dist: Optional[DistributedConfig]) -> int:
+  """Env workers the builder reserves for remote actors (``--join_slots``)."""
+  return dist.join_slots if dist is not None else 0
+
+
+def jax_cache_dir(fv: flags.FlagValues, logdir: str) -> Optional[str]:
+  """--jax_cache_dir: default <logdir>/jax_cache; 'off' -> None."""
+  value = fv.jax_cache_dir
+  if value == 'off':
+    return None
+  return os.path.abspath(os.path.expanduser(value or os.path.join(logdir,
+                                                                  'jax_cache')))

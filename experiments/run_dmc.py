@@ -13,9 +13,9 @@ acme's EnvironmentLoop, Algorithm K); with it, a Launchpad program
 (experiments/layouts/distributed/); with --join, a remote actor of such a
 program running elsewhere (experiments/layouts/distributed/join/); with
 --learner_peer, one of its learner processes on another host
-(experiments/layouts/distributed/remote_peers.py). Flags and their checks:
-experiments/options.py; the configs and the experiment they make:
-experiments/run/experiment.py.
+(experiments/layouts/distributed/remote_peers.py). Flags, their checks and
+the configs they make: experiments/options.py; the experiment the configs
+make: experiments/run/experiment.py.
 ``train(env_factory, ...)`` below runs your own environment with the same
 flags.
 
@@ -51,10 +51,10 @@ from experiments.layouts.distributed import launch, remote_peers  # noqa: E402
 from experiments.layouts.distributed.join import remote  # noqa: E402
 from experiments.run import private_files, rundir  # noqa: E402
 from experiments.run.experiment import (  # noqa: E402
-    DreamerExperiment, configs_from_flags, experiment_from_flags, join_workers,
-    make_experiment)
+    DreamerExperiment, make_experiment)
 from experiments.options import (  # noqa: E402
-    DIST_FLAG_NAMES, FLAG_NAMES, JOIN_FLAG_NAMES, PEER_FLAG_NAMES)
+    DIST_FLAG_NAMES, FLAG_NAMES, JOIN_FLAG_NAMES, PEER_FLAG_NAMES,
+    configs_from_flags, experiment_from_flags, join_workers)
 from experiments.tools import report  # noqa: E402
 
 

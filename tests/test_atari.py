@@ -194,7 +194,7 @@ def test_tiny_atari_run_trains_from_frames(tmp_path, jax_cache_dir):
   programs costs 1-2 min on a 2-core CPU (the default suite trains from
   frames in tests/test_pixels.py)."""
   import json
-  from experiments.run.experiment import experiment_from_flags
+  from experiments.options import experiment_from_flags
   from experiments.run_dmc import start
   logdir = str(tmp_path / 'boxing')
   fv = _parse(TINY + ['--task=boxing', '--env_steps=200', f'--logdir={logdir}',

@@ -20,7 +20,6 @@ import pytest
 from absl import flags
 
 from experiments import options
-from experiments.run import experiment as experiment_lib
 from experiments.run import health, rundir
 from experiments.run import restarts as restart_log
 from experiments.run.config import RunConfig
@@ -124,7 +123,7 @@ def test_max_skipped_updates_flag(tmp_path):
   options.define_flags(fv)
   fv(['x', f'--flagfile={SMOKE}', f'--logdir={tmp_path}/run',
       '--max_skipped_updates=7'])
-  run, _, _ = experiment_lib.configs_from_flags(fv)
+  run, _, _ = options.configs_from_flags(fv)
   assert run.max_skipped_updates == 7
   assert '--max_skipped_updates=7' in run.flags_text
   assert not os.path.exists(tmp_path / 'run')

@@ -28,7 +28,6 @@ from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.join import remote
 from experiments.layouts.distributed.join.slots import (
     EPISODE_BURST, EPISODE_RATE, JoinSlots)
-from experiments.run import experiment as experiment_lib
 from experiments.run import rundir
 from agent.config import make_config
 from reverb_tables.config import latent_store_np_dtype
@@ -156,12 +155,12 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   assert parse_address('[::1]:7070') == ('::1', 7070)
   base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
   with pytest.raises(ValueError, match='need --distributed'):
-    experiment_lib.configs_from_flags(_parse(*base, '--join_slots=2'))
+    options.configs_from_flags(_parse(*base, '--join_slots=2'))
   with pytest.raises(ValueError, match='need --distributed'):
-    experiment_lib.configs_from_flags(_parse(*base, '--join_secret_file=/s'))
+    options.configs_from_flags(_parse(*base, '--join_secret_file=/s'))
   with pytest.raises(flags.IllegalFlagValueError, match='--join_max_envs'):
     _parse(*base, '--join_max_envs=-1')
-  _, _, dist = experiment_lib.configs_from_flags(_parse(
+  _, _, dist = options.configs_from_flags(_parse(
       *base, '--distributed', '--join_slots=4', '--join_port=7070',
       '--bind=0.0.0.0', '--join_lease=5', '--join_max_envs=2',
       f'--join_secret_file={tmp_path / "s"}'))
@@ -173,10 +172,10 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   # --bind.
   two = ('--distributed', '--learner_processes=2', '--learner_devices=2')
   with pytest.raises(ValueError, match='needs --coordinator_address'):
-    experiment_lib.configs_from_flags(_parse(*base, *two,
+    options.configs_from_flags(_parse(*base, *two,
                                       '--remote_learner_processes=1'))
   with pytest.raises(ValueError, match=r'must be in \[0, --learner_processes'):
-    experiment_lib.configs_from_flags(_parse(
+    options.configs_from_flags(_parse(
         *base, *two, '--remote_learner_processes=2',
         '--coordinator_address=10.0.0.1:1234'))
   with pytest.raises(ValueError, match='--task'):

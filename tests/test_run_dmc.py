@@ -23,7 +23,6 @@ import pytest
 from absl import flags
 
 from experiments.layouts.distributed.settings import check_layout
-from experiments.run import experiment as experiment_lib
 from experiments.run.experiment import make_experiment
 from experiments import options
 from experiments.layouts import local
@@ -346,14 +345,14 @@ def test_learner_process_flags_are_checked(tmp_path):
     _parse(f'--logdir={tmp_path}', '--learner_processes=0')
   base = (f'--flagfile={SMOKE}', f'--logdir={tmp_path / "r"}')
   with pytest.raises(ValueError, match='--learner_processes needs --distributed'):
-    experiment_lib.configs_from_flags(_parse(*base, '--learner_processes=2',
+    options.configs_from_flags(_parse(*base, '--learner_processes=2',
                                       '--learner_devices=2'))
   with pytest.raises(ValueError, match='--learner_devices 1 must be a multiple '
                      'of --learner_processes 2'):
-    experiment, dist = experiment_lib.experiment_from_flags(_parse(
+    experiment, dist = options.experiment_from_flags(_parse(
         *base, '--distributed', '--learner_processes=2'))
     check_layout(experiment.run, dist)
-  _, _, dist = experiment_lib.configs_from_flags(_parse(
+  _, _, dist = options.configs_from_flags(_parse(
       *base, '--distributed', '--learner_processes=2', '--learner_devices=2',
       '--coordinator_address=10.0.0.1:1234'))
   assert dist.learner_processes == 2
@@ -373,7 +372,7 @@ def test_bad_enum_and_missing_logdir():
 def test_flags_build_configs_and_overrides(tmp_path):
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}',
               '--config_overrides=lr=1e-4', '--config_overrides=online_queue=False')
-  run, config, _ = experiment_lib.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   assert config.size == 'tiny' and config.lr == 1e-4 and not config.online_queue
   assert config.train_fill == config.batch_size * config.batch_length
   assert run.env_steps == 600 and run.num_envs == 2 and run.eval_policy == 'sample'
@@ -381,23 +380,23 @@ def test_flags_build_configs_and_overrides(tmp_path):
   # The compilation cache: <logdir>/jax_cache unless given; 'off' disables it.
   assert run.jax_cache_dir == os.path.join(str(tmp_path), 'jax_cache')
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}', '--jax_cache_dir=off')
-  assert experiment_lib.configs_from_flags(fv)[0].jax_cache_dir is None
+  assert options.configs_from_flags(fv)[0].jax_cache_dir is None
   # Capacity below one batch is rejected with the flag name.
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}', '--replay_capacity=10')
   with pytest.raises(ValueError, match='--replay_capacity'):
-    experiment_lib.configs_from_flags(fv)
+    options.configs_from_flags(fv)
 
 
 def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_path):
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file" / "run"}')
   (tmp_path / 'file').write_text('not a directory')
-  run, config, _ = experiment_lib.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   with pytest.raises(ValueError, match='--logdir .*cannot be made: .*file is '
                      'a file, not a directory'):
     local.Trainer(make_experiment(run, config))
   # A logdir that is itself a file says so, and the file stays as it was.
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path / "file"}')
-  run, config, _ = experiment_lib.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   with pytest.raises(ValueError, match="--logdir '.*file' is a file, not a "
                      'directory'):
     local.Trainer(make_experiment(run, config))
@@ -408,7 +407,7 @@ def test_unwritable_logdir_and_changed_flags_fail_without_touching_files(tmp_pat
   ckpt = logdir / 'checkpoints' / 'ckpt-000000000010'
   ckpt.mkdir(parents=True)
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={logdir}')
-  run, config, _ = experiment_lib.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   saved = {'config': {**json.loads(json.dumps(vars_of(config))), 'size': 'size1m'},
            'run': {k: getattr(run, k) for k in rundir.RESUME_FIXED}}
   (ckpt / rundir.CONFIG_FILE).write_text(json.dumps(saved))
@@ -450,7 +449,7 @@ def test_checkpoint_of_an_older_run_layer_is_refused_untouched(tmp_path):
   before the run layer moved onto Acme's loop) is a clear error; nothing in
   the logdir changes."""
   fv = _parse(f'--flagfile={SMOKE}', f'--logdir={tmp_path}')
-  run, config, _ = experiment_lib.configs_from_flags(fv)
+  run, config, _ = options.configs_from_flags(fv)
   ckpt = tmp_path / 'checkpoints' / 'ckpt-000000000010'
   ckpt.mkdir(parents=True)
   (ckpt / rundir.CONFIG_FILE).write_text(json.dumps(

@@ -1,10 +1,10 @@
-"""One run, whatever its layout: acme's ``ExperimentConfig`` for DreamerV3,
-and the configs it is made of, from the command line's flags.
+"""One run, whatever its layout: acme's ``ExperimentConfig`` for DreamerV3.
 
-``make_experiment(run, config)`` is what the flags (``experiment_from_flags``,
-the flags defined in ``experiments.options``) and ``run_dmc.train(
-env_factory, ...)`` both produce, and what both layouts take: the one-process ``experiments.layouts.local.Trainer(experiment)`` and
-the Launchpad program ``experiments.layouts.distributed.launch.prepare(
+``make_experiment(run, config)`` is what the command line's flags
+(``experiments.run_dmc.experiment_from_flags``) and ``run_dmc.train(
+env_factory, ...)`` both produce, and what both layouts take: the
+one-process ``experiments.layouts.local.Trainer(experiment)`` and the
+Launchpad program ``experiments.layouts.distributed.launch.prepare(
 experiment, dist)``. It holds
 
   run      the run's task, env factory, budgets, cadences and seeds
@@ -21,31 +21,18 @@ the builder makes (the one-process replay limiter,
 (``DistributedConfig``). ``join_workers`` is the one thing of a layout the
 builder must know at construction: remote actors' env workers widen the
 step-id layout and the latent store (spec 5.9).
-
-From flags (``configs_from_flags``): the ``CONFIG_FLAGS`` become the
-DreamerConfig fields of their names (``--train_ratio`` ->
-``DreamerConfig.train_ratio`` -> the builder's rate limiter, spec 6.1), the
-rest the ``RunConfig`` and, with ``--distributed``, the program's
-``DistributedConfig``. Each raises ValueError naming the flag; the rules
-themselves live where ``experiments.options`` says.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional, Tuple
 
 import numpy as np
-from absl import flags
 
-from agent.config import DreamerConfig, make_config
+from agent.config import DreamerConfig
 from agent.types import EnvSpaces, step_bytes
-from experiments.config_overrides import parse_overrides
 from experiments.envs import suites
-from experiments.layouts.distributed.settings import DistributedConfig
-from experiments.options import (
-    CONFIG_FLAGS, DIST_FLAG_NAMES, FLAG_NAMES, FLAGGED_FIELDS)
 from experiments.run.config import RunConfig, segment_seed
 
 
@@ -150,84 +137,3 @@ def experiment_of(run: RunConfig, config: DreamerConfig, spaces: EnvSpaces,
           value_limit=run.replay_value_limit))
   return DreamerExperiment(run=run, config=config, spaces=spaces,
                            builder=builder)
-
-
-# -- from flags --------------------------------------------------------------
-def configs_from_flags(fv: flags.FlagValues = flags.FLAGS
-                       ) -> Tuple[RunConfig, DreamerConfig,
-                                  Optional[DistributedConfig]]:
-  """(RunConfig, DreamerConfig, DistributedConfig or None without
-  --distributed) from parsed flags; ValueError names the flag."""
-  kw = {name: fv[name].value for name in CONFIG_FLAGS}   # train_ratio, ...
-  kw['train_fill'] = fv.train_fill or fv.batch_size * fv.batch_length
-  kw.update(parse_overrides(fv.config_overrides, FLAGGED_FIELDS))
-  try:
-    config = make_config(**kw)
-  except ValueError as e:
-    raise ValueError(f'invalid configuration from flags: {e}') from e
-  names = FLAG_NAMES + (DIST_FLAG_NAMES if fv.distributed else ())
-  text = ''.join(fv[name].serialize() + '\n' for name in names
-                 if fv[name].serialize())
-  logdir = os.path.abspath(os.path.expanduser(fv.logdir))
-  run = RunConfig(
-      suite=fv.suite, task=fv.task, logdir=logdir,
-      env_steps=fv.env_steps, num_envs=fv.num_envs,
-      action_repeat=fv.action_repeat, eval_every=fv.eval_every,
-      eval_episodes=fv.eval_episodes, eval_policy=fv.eval_policy,
-      checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
-      learner_log_every=fv.learner_log_every,
-      progress_every=fv.progress_every, time_limit=fv.time_limit,
-      image=fv.image, proprio=fv.proprio,
-      chunk_length=fv.chunk_length or None, prefetch=fv.learner_prefetch,
-      report=fv.report, jax_cache_dir=jax_cache_dir(fv, logdir),
-      learner_devices=fv.learner_devices, policy_device=fv.policy_device,
-      max_skipped_updates=fv.max_skipped_updates,
-      replay_value_limit=fv.replay_value_limit, flags_text=text)
-  dist = None
-  if fv.distributed:
-    dist = DistributedConfig(
-        num_actors=fv.num_actors, update_period=fv.actor_update_period,
-        terminal=fv.lp_terminal, stop_grace_s=fv.stop_grace,
-        max_restarts=fv.max_restarts,
-        learner_processes=fv.learner_processes,
-        coordinator_address=fv.coordinator_address,
-        remote_learner_processes=fv.remote_learner_processes,
-        join_slots=fv.join_slots, join_port=fv.join_port, bind=fv.bind,
-        join_lease_s=fv.join_lease, join_max_envs=fv.join_max_envs,
-        join_secret_file=(os.path.abspath(os.path.expanduser(
-            fv.join_secret_file)) if fv.join_secret_file else ''),
-        isolation=fv.isolation)
-  elif fv.learner_processes != 1:
-    raise ValueError('--learner_processes needs --distributed (the learner '
-                     'processes are nodes of the Launchpad program)')
-  elif (fv.join_slots or fv.join_port or fv.bind or fv.join_max_envs or
-        fv.join_secret_file or fv.remote_learner_processes):
-    raise ValueError('--join_slots, --join_port, --bind, --join_max_envs, '
-                     '--join_secret_file and --remote_learner_processes need '
-                     '--distributed (they are settings of the Launchpad '
-                     'program)')
-  return run, config, dist
-
-
-def experiment_from_flags(fv: flags.FlagValues = flags.FLAGS
-                          ) -> Tuple[DreamerExperiment,
-                                     Optional[DistributedConfig]]:
-  """(the experiment, the Launchpad program's settings or None without
-  --distributed) from parsed flags: what both layouts take; ValueError
-  names the flag."""
-  run, config, dist = configs_from_flags(fv)
-  return make_experiment(run, config, join_workers(dist)), dist
-
-
-def join_workers(dist: Optional[DistributedConfig]) -> int:
-  """Env workers the builder reserves for remote actors (``--join_slots``)."""
-  return dist.join_slots if dist is not None else 0
-
-
-def jax_cache_dir(fv: flags.FlagValues, logdir: str) -> Optional[str]:
-  """--jax_cache_dir: default <logdir>/jax_cache; 'off' -> None."""
-  value = fv.jax_cache_dir
-  if value == 'off':
-    return None
-  return os.path.abspath(os.path.expanduser(value or os.path.join(logdir,
-                                                                  'jax_cache')))
