@@ -44,6 +44,7 @@ def _check_failed_save_and_resume(logdir, first, *extra):
   assert final['learner']['updates'] > state['learner']['updates']
 
 
+@pytest.mark.slow
 def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resumes(
     tmp_path, smoke_flags):
   """One process: the second checkpoint's writes fail with ENOSPC (each

@@ -154,6 +154,7 @@ def _toy_factory(seed):
   return ToyEnv(seed=seed % 7, length=6, discrete=True)
 
 
+@pytest.mark.slow
 def test_train_entry_point_with_an_env_factory(tmp_path, jax_cache_dir):
   """README "Your own environment": a dm_env factory into run_dmc.train, to the
   end (eval included), then resumed (nothing to do) with the same factory."""

@@ -97,6 +97,7 @@ def _train_cartpole(logdir, *extra, timeout=420):
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_gymnasium_task_trains_in_one_process(tmp_path, jax_cache_dir):
   """A real gymnasium task through run_dmc.py: updates, finite losses, an
   evaluation, flags.txt naming the suite."""

@@ -166,6 +166,7 @@ def _rows(logdir, kind='train'):
     return [r for r in map(json.loads, f) if r.get('kind') == kind]
 
 
+@pytest.mark.slow
 def test_unstable_run_reports_skips_and_stops_without_bad_checkpoint(
     tmp_path, smoke_flags):
   """lr 1e30: the updates after the first applied one are all skipped; the

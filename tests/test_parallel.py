@@ -26,6 +26,7 @@ def _run_two_devices(code: str, timeout: int = 600) -> str:
   return proc.stdout
 
 
+@pytest.mark.slow
 def test_two_device_update_equals_one_device_update():
   """One update on the same batch, params and key: 2 devices (rows split,
   state replicated, XLA's all-reduce) against 1 device. Losses, metrics,
