@@ -187,12 +187,10 @@ def test_bad_game_flag_is_refused_before_anything_is_written(tmp_path):
   assert not logdir.exists()
 
 
-@pytest.mark.slow
 def test_tiny_atari_run_trains_from_frames(tmp_path, jax_cache_dir):
   """Boxing (all 18 actions) through run_dmc.py's path: env steps are
-  frames (agent steps x 4). Slow: compiling the 64x64 CNN update and watch's
-  programs costs 1-2 min on a 2-core CPU (the default suite trains from
-  frames in tests/test_pixels.py)."""
+  frames (agent steps x 4). About 30 s on a 2-core CPU, almost all of it
+  compiling the 64x64 CNN update and watch's programs."""
   import json
   from experiments.options import experiment_from_flags
   from experiments.run_dmc import start
