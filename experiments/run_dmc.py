@@ -53,8 +53,9 @@ from experiments.run import private_files, rundir  # noqa: E402
 from experiments.run.experiment import (  # noqa: E402
     DreamerExperiment, make_experiment)
 from experiments.options import (  # noqa: E402
-    DIST_FLAG_NAMES, FLAG_NAMES, JOIN_FLAG_NAMES, PEER_FLAG_NAMES,
-    configs_from_flags, experiment_from_flags, join_workers)
+    FLAG_NAMES, configs_from_flags, experiment_from_flags, join_workers)
+from experiments.program_flags import (  # noqa: E402
+    DIST_FLAG_NAMES, JOIN_FLAG_NAMES, PEER_FLAG_NAMES)
 from experiments.tools import report  # noqa: E402
 
 
@@ -240,7 +241,7 @@ HELP_FLAGS = ('--help', '-help', '-?', '--helpshort', '-helpshort')
 if __name__ == '__main__':
   try:
     options.define_flags()
-  except ValueError as e:    # a malformed $JAX_* variable (options.py)
+  except ValueError as e:    # a malformed $JAX_* variable (program_flags.py)
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   if any(arg in HELP_FLAGS for arg in sys.argv[1:]):

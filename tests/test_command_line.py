@@ -7,7 +7,7 @@ import sys
 
 from absl import flags
 
-from experiments import options
+from experiments import options, program_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_DMC = os.path.join(REPO, 'experiments', 'run_dmc.py')
@@ -18,8 +18,8 @@ def test_every_run_flag_is_in_exactly_one_help_group():
   options.define_flags(fv)
   grouped = [n for _, names in options.FLAG_GROUPS for n in names]
   assert len(grouped) == len(set(grouped))
-  run_flags = set(options.FLAG_NAMES + options.DIST_FLAG_NAMES +
-                  options.JOIN_FLAG_NAMES + options.PEER_FLAG_NAMES)
+  run_flags = set(options.FLAG_NAMES + program_flags.DIST_FLAG_NAMES +
+                  program_flags.JOIN_FLAG_NAMES + program_flags.PEER_FLAG_NAMES)
   assert set(grouped) == run_flags
   text = options.help_text(fv)
   assert '  --train_ratio (default 512.0)' in text

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from experiments import options, run_dmc
+from experiments import options, program_flags, run_dmc
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.join import remote
 from experiments.layouts.distributed.join.slots import (
@@ -187,12 +187,12 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   # ... or from jax's environment variables: the same command on every host.
   env = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:6000', 'JAX_NUM_PROCESSES': '2',
          'JAX_PROCESS_ID': '1'}
-  assert options.jax_process_env(env) == {
+  assert program_flags.jax_process_env(env) == {
       'coordinator_address': '10.0.0.1:6000', 'learner_processes': 2,
       'learner_peer': 1}
-  assert options.jax_process_env({})['learner_peer'] is None
+  assert program_flags.jax_process_env({})['learner_peer'] is None
   with pytest.raises(ValueError, match='JAX_NUM_PROCESSES'):
-    options.jax_process_env({'JAX_NUM_PROCESSES': 'two'})
+    program_flags.jax_process_env({'JAX_NUM_PROCESSES': 'two'})
   assert not (tmp_path / 'r').exists()
 
 
