@@ -1,4 +1,4 @@
-"""The attacks of issue 29 on a running program, as an outsider would try
+"""The known attacks on a running program, as an outsider would try
 them; writes what each did (``bench/results/security/attacks_after.json``)
 and the program's listeners (``ss -ltnp``).
 

@@ -13,8 +13,8 @@ matmul peak an update can reach at best is flops / (that sum) / peak.
 
 Reported apart: matrix products (both sides wider than one row / column) and
 the matrix-vector products (the row sums and GEMV-style reductions that
-XLA:CPU emits as dots), and the products by part (scans, the rest). Issue 11
-asks for 80 % of the peak at size12m; this tool says whether the products
+XLA:CPU emits as dots), and the products by part (scans, the rest). The goal
+of 80 % of the peak at size12m: this tool says whether the products
 themselves allow it on this backend.
 """
 

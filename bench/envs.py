@@ -4,9 +4,7 @@
   python bench/envs.py --suite=atari --tasks pong --num_envs=1 --repeat=4
 
 Prints vector steps/s, agent steps/s and env steps/s per task (no agent, no
-replay): the ceiling the envs alone set on a run's acting speed. (Moved here
-from experiments/envs.py, issue 20: a benchmark does not belong in an env
-module.)
+replay): the ceiling the envs alone set on a run's acting speed.
 """
 
 from __future__ import annotations

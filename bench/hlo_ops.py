@@ -7,7 +7,7 @@ backend: each while loop's body (with its known trip count) and the ops
 outside the loops, leaving out parameters, tuples, get-tuple-element,
 bitcasts and constants. On an accelerator each counted op is about one
 kernel launch, so ops x per-launch latency bounds the update from below
-when the kernels are small (issue 11: the 25 ms H200 size12m update).
+when the kernels are small (the 25 ms H200 size12m update).
 Loops inside other computations are listed but not added to the total.
 """
 

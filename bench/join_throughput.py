@@ -1,5 +1,5 @@
 """Env steps per second per env: a remote actor through the join service
-against the program's local actor, in one run (issue 29).
+against the program's local actor, in one run.
 
   python bench/join_throughput.py [--env_steps=20000] [--envs=2] [--size=tiny]
 

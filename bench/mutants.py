@@ -1,4 +1,4 @@
-"""Mutation score of the default suite (issue 30): does a wrong learner fail?
+"""Mutation score of the default suite: does a wrong learner fail?
 
 A curated list of one-line defects of agent/ and reverb_tables/, the ones a
 DreamerV3 port really ships (a swapped stop-gradient, a loss scale, free nats,

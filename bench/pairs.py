@@ -11,7 +11,7 @@ its median seconds per update; a pair is one run of each, next to each
 other. Prints every pair's ratio (official / ours) and the median and mean
 over the pairs: on a shared host one process can run 10-20 % slower than the
 next, so a single pair is not a measurement (bench/results/
-learner_cpu_2core.txt, issue 11).
+learner_cpu_2core.txt).
 """
 
 from __future__ import annotations

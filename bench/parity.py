@@ -1,4 +1,4 @@
-"""Learning parity at length: the official DreamerV3 and ours, side by side (issue 19).
+"""Learning parity at length: the official DreamerV3 and ours, side by side.
 
 Three commands:
 
@@ -21,10 +21,10 @@ means of its metrics over exactly those updates (ours: `--learner_log_every`,
 rows of kind 'learner'; the official: bench/parity_official.py wrapping its
 `Agent.train`, in its own venv). `compare` re-bins both into 250-update windows
 (means weighted by updates), maps the metric names once (METRICS, plus one
-`loss/rec_<key>` per observation key), and checks issue 19's acceptance at
+`loss/rec_<key>` per observation key), and checks the acceptance rule at
 every 500 updates: ours' seed mean inside the official seeds' [min, max]
 widened by max(10 % of |official mean|, official spread). It also tests each
-(metric, check) pair statistically (issue 32): Welch's t-test of ours' seeds
+(metric, check) pair statistically: Welch's t-test of ours' seeds
 against the official's (`scipy.stats.ttest_ind(equal_var=False)`), the
 p-values Holm-corrected over every check of the comparison; a pair is
 significant when its Holm-adjusted p is below ALPHA.
@@ -95,7 +95,7 @@ ROOT = os.path.dirname(HERE)
 OUT = os.path.join(HERE, 'results', 'parity')
 PIXELS_OUT = os.path.join(OUT, 'pixels')     # pixel runs (--pixels)
 
-# The shared settings (issue 19): one place for both sides.
+# The shared settings: one place for both sides.
 SETTINGS = dict(size='size1m', batch_size=16, batch_length=32, train_ratio=128,
                 num_envs=4, action_repeat=2, lr=1e-4, warmup=100)
 ROW_EVERY = 50        # updates per logged row (both sides)

@@ -1,4 +1,4 @@
-"""Both learners on the SAME fixed batches: the update alone, no acting (issue 32).
+"""Both learners on the SAME fixed batches: the update alone, no acting.
 
 bench/parity.py compares whole training runs, where each side's policy
 collects its own data. This tool takes the data out of the comparison: one

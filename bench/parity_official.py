@@ -1,4 +1,4 @@
-"""The official DreamerV3's side of the learning-parity harness (issue 19).
+"""The official DreamerV3's side of the learning-parity harness.
 
 Runs in the OFFICIAL implementation's own venv (bench/official.py has the
 set-up; add dm-control==1.0.50 mujoco==3.17.0 there), never in ours, and
@@ -29,7 +29,7 @@ wrappers that change nothing the agent computes:
 - the logger is kept so that its `scores.jsonl` is flushed before the process
   ends at exactly `--updates` updates.
 - `Agent.loss` is wrapped to add position-resolved means of the world-model
-  losses (issue 32): `pos/<loss>/<group>`, the mean of that loss (dyn, rew,
+  losses: `pos/<loss>/<group>`, the mean of that loss (dyn, rew,
   con, each vector and image key) over the trained window positions of the
   group (POS_GROUPS: t0 is the first trained step after the replay context,
   t16-31 the last half of a T = 32 window).

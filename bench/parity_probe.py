@@ -1,4 +1,4 @@
-"""Ours' training run with position-resolved world-model losses (issue 32).
+"""Ours' training run with position-resolved world-model losses.
 
   python bench/parity_probe.py <experiments/run_dmc.py flags...>
 
@@ -42,7 +42,7 @@ def position_metrics(losses, keys):
 
 
 def data_metrics(obs, reward, is_first, prevact):
-  """What the trained steps of a batch hold (issue 32): `data/<key>` means
+  """What the trained steps of a batch hold: `data/<key>` means
   of each observation key, of the reward, of is_first and of |a_{t-1}|."""
   out = {f'data/{k}': v.mean() for k, v in obs.items()}
   out['data/reward'] = reward.mean()

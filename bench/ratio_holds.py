@@ -1,4 +1,4 @@
-"""Does the replay ratio hold when the learner is spread out? (issue 21, spec 6.1)
+"""Does the replay ratio hold when the learner is spread out? (spec 6.1)
 
 Runs the same short training (smoke.flags, tiny model, B 4 x T 8, train
 ratio 16) four ways, one at a time, and reads each run's last train row:

@@ -1,4 +1,4 @@
-r"""Long-run health, measured (issue 22 part 3): a soak run and its figures.
+r"""Long-run health, measured: a soak run and its figures.
 
   python bench/soak.py run --layout=local --updates=30000
   python bench/soak.py run --layout=distributed --updates=10000
@@ -19,7 +19,7 @@ summed. From the row it takes the Reverb table sizes (``replay/uniform_size``,
 update time (``time/learner_update_frac`` / ``fps/updates_per_s``), and the
 machine's load average. Writes ``<out>/soak.csv`` (one line per sample),
 ``processes.csv`` (one line per process per sample), ``soak.png`` and
-``summary.json`` with the acceptance checks of issue 22 part 3:
+``summary.json`` with the acceptance checks of a healthy long run:
 
   * after warm-up (the first ``--warmup_frac`` of the updates and the first
     evaluation, which builds the eval env and compiles its policy once;

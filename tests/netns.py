@@ -1,8 +1,8 @@
 """A second network namespace joined to this one by a veth pair: as close to
-a second machine as one machine gets (issue 21). Needs root and `ip`;
+a second machine as one machine gets. Needs root and `ip`;
 ``up()`` says whether it worked. Processes run in it with ``wrap(cmd)``.
 
-Which path a test ran is said, not silent (issue 30): ``up()`` prints the
+Which path a test ran is said, not silent: ``up()`` prints the
 namespace it made, or warns (a pytest warning in the summary) that the test
 falls back to 127.0.0.1 and why. With ``REQUIRE_NETNS=1`` in the environment
 (.ci/run sets it when it runs as root with `ip`), a namespace that cannot be

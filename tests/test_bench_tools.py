@@ -39,7 +39,7 @@ def test_time_dot_reproduces_a_transposed_layout():
 
 
 def test_parity_bins_by_updates_maps_names_and_widens_the_band():
-  """bench/parity.py (issue 19): rows of means over 50 updates re-binned into
+  """bench/parity.py: rows of means over 50 updates re-binned into
   250-update windows weighted by their update counts, the official and our
   metric names mapped to one name, and the acceptance band."""
   from bench import parity
@@ -72,7 +72,7 @@ def test_parity_bins_by_updates_maps_names_and_widens_the_band():
 
 
 def test_parity_holm_step_down_on_known_p_values():
-  """Holm's adjusted p-values (issue 32), worked by hand: m = 4 finite
+  """Holm's adjusted p-values, worked by hand: m = 4 finite
   p-values sorted 0.005, 0.01, 0.03, 0.04 give 4 x 0.005 = 0.02,
   max(0.02, 3 x 0.01) = 0.03, max(0.03, 2 x 0.03) = 0.06, max(0.06, 0.04)
   = 0.06; a NaN (an untested check) stays NaN and does not count in m."""
@@ -86,7 +86,7 @@ def test_parity_holm_step_down_on_known_p_values():
 
 
 def test_parity_welch_on_a_hand_computed_example():
-  """Welch's t-test (issue 32): means 2.5 and 6, variances 5/3 (n 4) and
+  """Welch's t-test: means 2.5 and 6, variances 5/3 (n 4) and
   10 (n 5): t = -3.5 / sqrt(5/12 + 2) = -2.2514, Welch-Satterthwaite
   df = 5.5208, two-sided p = 0.06913. Undefined (NaN) with one seed on a
   side or no spread on either side; a NaN seed (no rows) is dropped."""
@@ -103,7 +103,7 @@ def test_parity_welch_on_a_hand_computed_example():
 
 
 def test_parity_compare_reports_welch_and_holm_per_check(tmp_path):
-  """`compare` (issue 32): per metric and 500-update check, a Welch p and a
+  """`compare`: per metric and 500-update check, a Welch p and a
   Holm-adjusted p over every check of the comparison; the per-key
   reconstruction losses are in the table; the band check stays."""
   import json
@@ -155,7 +155,7 @@ ALPHA_TEST = 0.05
 
 
 def test_parity_load_counts_a_probe_run_as_its_variants_seed_once(tmp_path):
-  """bench/parity.py load (issue 32): a --probe run is a seed of its variant;
+  """bench/parity.py load: a --probe run is a seed of its variant;
   a seed with a plain and a probe run is counted once, the plain run kept;
   runs short of the length are left out."""
   import json

@@ -1,4 +1,4 @@
-"""The command line a newcomer meets (issue 31): ``run_dmc.py --help`` lists
+"""The command line a newcomer meets: ``run_dmc.py --help`` lists
 every run flag, grouped, with its default; no gym banner."""
 
 import os

@@ -87,7 +87,7 @@ def test_program_groups_and_serialisation(tmp_path):
 
 
 def test_join_slots_add_the_join_service_node(tmp_path):
-  """Remote actors come in through a node of their own (issue 29): it gets
+  """Remote actors come in through a node of their own: it gets
   the replay, the learner and the counter; the learner gets it (rows,
   checkpoints, the stop)."""
   spec = _spec(tmp_path, join_slots=2)

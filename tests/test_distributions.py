@@ -152,7 +152,7 @@ def test_twohot_pred_follows_the_spec_float_order():
   noise, most of the advantage the actor sees in its first hundreds of
   updates. A subtract-the-mirror-first order ((p_k - p_k') b_k, exact to
   ~1e-9) gave 100x smaller early |advantage| and a policy entropy that rose
-  where the reference's stays flat (issue 19). Probabilities as a head has
+  where the reference's stays flat. Probabilities as a head has
   them early: mirror pairs equal or one rounding apart.
   """
   rng = np.random.default_rng(0)

@@ -1,5 +1,5 @@
 """experiments/ imports point one way: envs -> run -> layouts -> entry points,
-and tools -> run, envs (issue 20; agent/ and reverb_tables/ are guarded by
+and tools -> run, envs (agent/ and reverb_tables/ are guarded by
 tests/test_layering.py).
 
 Every import statement counts, module level or inside a function, so a cycle

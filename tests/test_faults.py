@@ -1,4 +1,4 @@
-"""Storage faults (issue 22 part 2): a checkpoint write that fails keeps the
+"""Storage faults: a checkpoint write that fails keeps the
 previous complete checkpoint and stops the run with a clear message; the same
 command then resumes from it. Real runs of experiments/run_dmc.py, the fault
 injected in the run directory's writer (``rundir.FAULT_ENV``)."""

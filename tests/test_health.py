@@ -1,4 +1,4 @@
-"""Long-run health (issue 22 part 3): the persistent-skip rule
+"""Long-run health: the persistent-skip rule
 (``experiments.run.health.SkipGuard``, ``--max_skipped_updates``) and the
 checkpoint writer's refusal of non-finite learner state
 (``experiments.run.rundir.check_finite_state``). Spec 4.9 is the reference's
@@ -61,7 +61,7 @@ def test_skip_guard_stops_after_n_consecutive_and_names_the_checkpoint(tmp_path)
                          'learner/skip_streak': 0, 'learner/bad_batches': 0}
   guard.observe(skip)
   # Bad data is not divergence: skips for a non-finite batch, however many,
-  # neither extend nor end the streak (issue 29).
+  # neither extend nor end the streak.
   for _ in range(10):
     guard.observe(bad_batch)
   guard.observe(skip)
@@ -221,7 +221,7 @@ def test_unstable_distributed_run_stops_in_the_learner(tmp_path):
   assert out.returncode == 3, out.stderr[-4000:]
   assert 'PersistentSkipError' in out.stderr, out.stderr[-4000:]
   assert 'the last 5 updates in a row were skipped' in out.stderr
-  # No program restart (issue 22 part 1): a restart cannot cure divergence.
+  # No program restart: a restart cannot cure divergence.
   assert 'a restart cannot cure this error' in out.stderr, out.stderr[-4000:]
   assert restart_log.count_restarts(logdir) == 0
   rows = _rows(logdir)

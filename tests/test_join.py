@@ -1,5 +1,4 @@
-"""Remote actors that join a running Launchpad program (issue 21 part 3,
-issue 29).
+"""Remote actors that join a running Launchpad program.
 
 Fast: the join service's book of claims (``join.slots.JoinSlots``), the
 latent store's step-id jump, the flags (also those of learner processes on

@@ -1,4 +1,4 @@
-"""The join service against attacks (issue 29), fast: a real Reverb server
+"""The join service against attacks, fast: a real Reverb server
 with the program's tables, the real ``JoinService`` on loopback, raw
 clients of the wire protocol and one real remote actor (dm_control envs,
 the builder's actor) in this process.

@@ -38,7 +38,7 @@ def test_tuned_malloc_avoids_page_faults_per_run():
   its best median counts; the system allocator must fault on every attempt's
   median (it unmaps the buffer after each run, whatever the load).
 
-  Slow (issue 30): page-fault counts depend on the machine's memory
+  Slow: page-fault counts depend on the machine's memory
   pressure, which the default suite cannot control on a shared host."""
   base_applied, base_faults = _faults({'DREAMER_SYSTEM_MALLOC': '1'})
   assert not base_applied

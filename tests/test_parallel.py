@@ -1,4 +1,4 @@
-"""Data-parallel learner on N devices (agent/parallel.py, issue 21).
+"""Data-parallel learner on N devices (agent/parallel.py).
 
 The CPU gets two devices from ``XLA_FLAGS=--xla_force_host_platform_device_count=2``,
 which must be set before jax starts, so each check runs in its own

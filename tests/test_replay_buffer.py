@@ -170,7 +170,7 @@ def test_online_queue_starts_and_train_pops_first(replay_factory):
   assert third['step_id'].shape == (4, 65, 2)
   assert replay.sampler.num_online_rows == 6
   # Process k >= 1 of a multi-process learner never pops the queue; process
-  # 0 counts the rows the others draw with each of its batches (issue 21).
+  # 0 counts the rows the others draw with each of its batches.
   replay.add_steps(65)
   assert replay.size(ONLINE_TABLE) == 2
   peer = ReplaySampler(replay.client, config, None, take_online=False)
@@ -273,7 +273,7 @@ def test_latent_store_ring_recycling_and_save_restore(tmp_path):
     store.update(old, {'deter': np.zeros((1, config.deter), np.float32),
                        'stoch': np.zeros((1, config.stoch), np.uint8)})
   # A NaN deter (bf16 bits 0x7FC0) or a class index >= classes is never
-  # stored (issue 29): later batches must not start from it.
+  # stored: later batches must not start from it.
   bad_ids = np.array([[1, 4], [1, 5]])
   bad = {'deter': np.zeros((2, config.deter), np.uint16),
          'stoch': np.zeros((2, config.stoch), np.uint8)}

@@ -1,4 +1,4 @@
-"""Dead nodes of a Launchpad run (issue 22 part 1).
+"""Dead nodes of a Launchpad run.
 
 Default suite: the supervisor's worker manager with real processes killed by
 SIGKILL (an 'actor' restarted in place with a new restart count, a 'learner'

@@ -82,7 +82,7 @@ def smoke_run(tmp_path_factory, smoke_flags):
   killed_at = None
   # A bound on a hang, not a speed requirement: on a quiet 2-core machine the
   # first checkpoint with updates comes in well under a minute, on a busy one
-  # it can take several (issue 30: no load-sensitive thresholds).
+  # it can take several (no load-sensitive thresholds).
   deadline = time.time() + 720
   try:
     while time.time() < deadline and proc.poll() is None:
@@ -335,7 +335,7 @@ def test_config_overrides_are_type_checked_before_anything_is_written(
 
 
 def test_learner_process_flags_are_checked(tmp_path):
-  """--learner_processes / --coordinator_address (issue 21): checked at flag
+  """--learner_processes / --coordinator_address: checked at flag
   parsing, in configs_from_flags or in the layout check
   (``settings.check_layout``, the first thing ``launch.prepare`` does),
   before anything is written."""

@@ -1,4 +1,4 @@
-"""The spec's numbers, typed in (issue 30): every DreamerConfig default against
+"""The spec's numbers, typed in: every DreamerConfig default against
 the spec's final hyperparameter table, the size presets against spec 2.1, and
 the slow critic's EMA against spec 3.18 numerically.
 

@@ -1,4 +1,4 @@
-"""Data that did not come through the run's own checks (issue 29): items
+"""Data that did not come through the run's own checks: items
 written to the Reverb port directly, run files another user could have
 written, a planted settings file of the remote learner processes, frames
 that are not this protocol's, and checkpoints without pickle; finite but
