@@ -315,3 +315,68 @@ def test_remote_actors_join_leave_and_die_without_stopping_the_run(tmp_path):
   assert again.returncode == 2, again.stderr[-2000:]
   assert '--join_slots 1 differs from the checkpoint' in again.stderr
   assert sorted(os.listdir(logdir)) == before
+
+
+PIXEL_SUITES = {
+    # suite, task, its flags, a budget the remote actor joins well within
+    # (the program's learner compiles for ~30 s before steps count).
+    'atari': ['--suite=atari', '--task=boxing', '--action_repeat=4',
+              '--env_steps=2000'],
+    'crafter': ['--suite=crafter', '--task=reward', '--action_repeat=1',
+                '--env_steps=800'],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('suite', sorted(PIXEL_SUITES))
+def test_a_remote_actor_plays_the_programs_pixel_suite(tmp_path, suite,
+                                                       jax_cache_dir):
+  """A --distributed program of Atari (Boxing) or Crafter with one env (Atari
+  100k's Table 2 row), one actor and one join slot: a remote actor joins
+  through the run directory, builds the program's suite and task from its
+  settings (64x64x3 frames, the suite's action count), and its steps and
+  items reach the program; at the budget the program stops and the remote
+  actor leaves cleanly."""
+  logdir = str(tmp_path / 'run')
+  main_log = open(tmp_path / 'main.log', 'w')
+  program = subprocess.Popen(
+      [sys.executable, RUN_DMC, *PIXEL_SUITES[suite], f'--logdir={logdir}',
+       '--distributed', '--num_actors=1', '--num_envs=1', '--size=tiny',
+       '--batch_size=2', '--batch_length=8', '--train_ratio=16',
+       '--config_overrides=imag_horizon=4', '--eval_episodes=0',
+       '--noreport', '--log_every=100', '--join_slots=1',
+       f'--jax_cache_dir={jax_cache_dir}'],
+      cwd=REPO, stdout=main_log, stderr=subprocess.STDOUT,
+      env={**os.environ, 'PYTHONUNBUFFERED': '1'}, start_new_session=True)
+  procs = [program]
+  try:
+    _wait(lambda: os.path.exists(os.path.join(logdir, 'join.json')), 240,
+          'join.json', procs)
+    log_a = open(tmp_path / 'a.log', 'w')
+    a = _joiner(logdir, 1, log_a)
+    procs.append(a)
+    row = _wait(lambda: next((r for r in reversed(_rows(logdir))
+                              if r.get('join/items', 0) > 0), None),
+                400, "the remote actor's items", procs)
+    assert row['join/actors'] == 1 and row['join/envs'] == 1
+    assert row['join/env_steps'] > 0
+    assert a.wait(400) == 0, open(tmp_path / 'a.log').read()[-3000:]
+    assert program.wait(180) == 0, open(tmp_path / 'main.log').read()[-3000:]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+    try:
+      os.killpg(program.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  a_text = open(tmp_path / 'a.log').read()
+  assert 'claim 0' in a_text and '[join] left (the program stopped' in a_text
+  budget = int(PIXEL_SUITES[suite][-1].split('=')[1])
+  assert _rows(logdir)[-1]['env_step'] >= budget
+  checkpoints = os.path.join(logdir, 'checkpoints')
+  last = sorted(n for n in os.listdir(checkpoints) if n.startswith('ckpt-'))[-1]
+  with open(os.path.join(checkpoints, last, 'config.json')) as f:
+    spaces = json.load(f)['spaces']
+  assert spaces['obs'] == {'image': [64, 64, 3]}
+  assert spaces['act_dim'] == {'atari': 18, 'crafter': 17}[suite]

@@ -365,9 +365,11 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
   while not stop.wait(0.2):
     pass
   acting_thread.join(LEAVE_S)
+  # A lost link is the cause of the acting failure it brings (a fetch or a
+  # store on a closed connection): name the link's error first.
   why = (link.error or ('the program stopped' if link.program_stopped else
-                        'a stop signal') if 'error' not in failure else
-         f'acting failed: {failure["error"]!r}')
+                        f'acting failed: {failure["error"]!r}'
+                        if 'error' in failure else 'a stop signal'))
   stats = _leave(conn, link, ticket)
   wall = time.time() - t0
   log(f'[join] left ({why}): {stats.get("env_steps", 0):.0f} env steps, '
