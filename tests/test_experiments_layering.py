@@ -4,7 +4,8 @@ tests/test_layering.py).
 
 Every import statement counts, module level or inside a function, so a cycle
 cannot hide behind a function-level import. Also: no module imports an
-underscore name of another module.
+underscore name of another module. And no file, class or function in
+experiments/ grows past its room size.
 """
 
 import ast
@@ -120,4 +121,26 @@ def test_agent_and_reverb_tables_never_import_experiments():
                  else [])
         bad += [f'{path.relative_to(ROOT)}:{node.lineno}' for n in names
                 if n == 'experiments' or n.startswith('experiments.')]
+  assert not bad, bad
+
+
+# Room sizes in experiments/: past these a file, class or function has
+# taken on a second job, and is split rather than stretched.
+MAX_FILE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 450, 200, 80
+
+
+def test_rooms_stay_small():
+  bad = []
+  for module, path in MODULES.items():
+    src = path.read_text()
+    if src.count('\n') > MAX_FILE_LINES:
+      bad.append(f'{path.relative_to(ROOT)}: {src.count(chr(10))} lines')
+    for node in ast.walk(ast.parse(src)):
+      limit = (MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else
+               MAX_FUNCTION_LINES if isinstance(
+                   node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+      lines = limit and node.end_lineno - node.lineno + 1
+      if limit and lines > limit:
+        bad.append(f'{module}:{node.lineno} {node.name}: {lines} lines '
+                   f'(at most {limit})')
   assert not bad, bad

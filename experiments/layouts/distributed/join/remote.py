@@ -300,6 +300,17 @@ def _leave(conn: wire.Connection, link: '_Link',
   return stats
 
 
+def _why_left(link: _Link, error: Optional[BaseException]) -> str:
+  """Why a remote actor left, for its log line and summary. A lost link is
+  the cause of the acting failure it brings (a fetch or a store on a closed
+  connection), so the link's error is named first."""
+  if link.error:
+    return link.error
+  if link.program_stopped:
+    return 'the program stopped'
+  return f'acting failed: {error!r}' if error is not None else 'a stop signal'
+
+
 def join_program(target: str, num_envs: int, secret_file: str = '',
                  stop: Optional[threading.Event] = None) -> Dict[str, Any]:
   """Acts for the program at ``target`` with ``num_envs`` envs until it
@@ -365,11 +376,7 @@ def join_program(target: str, num_envs: int, secret_file: str = '',
   while not stop.wait(0.2):
     pass
   acting_thread.join(LEAVE_S)
-  # A lost link is the cause of the acting failure it brings (a fetch or a
-  # store on a closed connection): name the link's error first.
-  why = (link.error or ('the program stopped' if link.program_stopped else
-                        f'acting failed: {failure["error"]!r}'
-                        if 'error' in failure else 'a stop signal'))
+  why = _why_left(link, failure.get('error'))
   stats = _leave(conn, link, ticket)
   wall = time.time() - t0
   log(f'[join] left ({why}): {stats.get("env_steps", 0):.0f} env steps, '
