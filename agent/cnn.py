@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Sequence, Tuple
 
+import chex
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -190,11 +191,15 @@ def stack_images(obs: Mapping[str, jnp.ndarray], keys: Sequence[str]):
 
 def encode(ws, images, eps: float, dtype=jnp.float32):
   """uint8 [..., H, W, C] -> features [..., (H/16) (W/16) 4 depth] (spec 2.10)."""
+  chex.assert_type(images, jnp.uint8)
+  chex.assert_rank(images, {3, 4, 5})
   lead = images.shape[:-3]
   x = images.astype(dtype) / 255 - 0.5
   x = x.reshape((-1,) + images.shape[-3:])
   for layer in ws:
     x = _norm_act(_max_pool(_conv(x, layer)), layer['scale'], eps)
+  h, w = grid(images.shape[-3:])
+  chex.assert_shape(x, (x.shape[0], h, w, ws[-1]['w'].shape[-1]))
   return x.reshape(lead + (-1,))
 
 
@@ -202,6 +207,7 @@ def decode(W, deter, stoch_flat, shape: Sequence[int], eps: float):
   """Predicted images in [0, 1], float32 [..., H, W, C_sum] (spec 2.10).
 
   deter [..., D] and stoch_flat [..., S*C] in the compute dtype."""
+  chex.assert_equal_shape_prefix([deter, stoch_flat], deter.ndim - 1)
   lead = deter.shape[:-1]
   h, w = grid(shape)
   c_last = W['spnorm'].shape[-1]
@@ -217,6 +223,7 @@ def decode(W, deter, stoch_flat, shape: Sequence[int], eps: float):
   for layer in W['convs']:
     x = _norm_act(_upsample_conv(x, layer), layer['scale'], eps)
   x = jax.nn.sigmoid(_upsample_conv(x, W['imgout']).astype(jnp.float32))
+  chex.assert_shape(x, (x.shape[0], shape[0], shape[1], W['imgout']['w'].shape[-1]))
   return x.reshape(lead + x.shape[1:])
 
 
@@ -235,6 +242,7 @@ def image_loss(pred, image):
   """sum over H, W, C of (pred - image / 255)^2 (spec 2.10; no 1/2, as 2.11).
 
   pred float32 [..., H, W, C] in [0, 1]; image uint8, the same shape."""
+  chex.assert_equal_shape([pred, image])
   target = jax.lax.stop_gradient(image.astype(jnp.float32) / 255)
   return jnp.square(pred - target).sum((-3, -2, -1))
 

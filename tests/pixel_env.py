@@ -3,9 +3,10 @@
 right; the reward is 1 when the square is near the centre. Cheap to step,
 no rendering, and what the image shows is what the reward depends on.
 
-``bad`` corrupts one step (t == 2) as a broken env would: 'channels' (a frame
-with another channel count), 'float' (a float frame), 'new_key' (an image
-key the spec lacks). Module-level so that a Launchpad program can pickle
+``bad`` corrupts one step as a broken env would: 'channels' (a frame with
+another channel count), 'float' (a float frame), 'rank' (a frame without its
+channel axis), 'new_key' (an image key the spec lacks). The corrupt step is
+the env's ``bad_at``-th step over all its episodes (default 2, in the first). Module-level so that a Launchpad program can pickle
 ``make_pixel_env``.
 """
 
@@ -18,9 +19,11 @@ SIDE = 48
 
 class PixelEnv(dm_env.Environment):
 
-  def __init__(self, seed=0, length=20, channels=1, vector=False, bad=None):
+  def __init__(self, seed=0, length=20, channels=1, vector=False, bad=None,
+               bad_at=2):
     self.rng = np.random.default_rng(seed)
     self.length, self.channels, self.vector, self.bad = length, channels, vector, bad
+    self.bad_at, self.steps = bad_at, 0
     self.t, self.x = 0, 0.0
 
   def _frame(self):
@@ -33,11 +36,13 @@ class PixelEnv(dm_env.Environment):
     obs = {'image': self._frame()}
     if self.vector:
       obs['pos'] = np.array([self.x], np.float32)
-    if self.t == 2 and self.bad == 'channels':
+    if self.steps == self.bad_at and self.bad == 'channels':
       obs['image'] = np.zeros((SIDE, SIDE, self.channels + 1), np.uint8)
-    if self.t == 2 and self.bad == 'float':
+    if self.steps == self.bad_at and self.bad == 'float':
       obs['image'] = obs['image'].astype(np.float32) / 255
-    if self.t == 2 and self.bad == 'new_key':
+    if self.steps == self.bad_at and self.bad == 'rank':
+      obs['image'] = obs['image'][..., 0]
+    if self.steps == self.bad_at and self.bad == 'new_key':
       obs['image2'] = obs['image'].copy()
     return obs
 
@@ -47,6 +52,7 @@ class PixelEnv(dm_env.Environment):
 
   def step(self, action):
     self.t += 1
+    self.steps += 1
     self.x = float(np.clip(self.x + 0.3 * float(np.asarray(action).reshape(-1)[0]),
                            -1, 1))
     reward = float(abs(self.x) < 0.3)

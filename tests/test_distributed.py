@@ -330,7 +330,10 @@ def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path, smoke_flags):
   logdir = str(tmp_path / 'run')
   t0 = time.monotonic()
   code, out, pids = _run_launcher(logdir, '--env_steps=500', '--image',
-                                  '--checkpoint_every=3', *smoke_flags,
+                                  '--checkpoint_every=3', '--learner_log_every=10',
+                                  # a short warm-up, so the 200-odd updates move
+                                  '--config_overrides=lr=3e-4',
+                                  '--config_overrides=warmup=20', *smoke_flags,
                                   timeout=420)
   elapsed = time.monotonic() - t0
   assert code == 0, out[-4000:]
@@ -357,6 +360,10 @@ def test_local_mp_trains_checkpoints_and_stops_cleanly(tmp_path, smoke_flags):
   evals = _rows(logdir, 'eval')                      # final evaluation ran
   assert evals, out[-4000:]
   assert last['train/loss/rec_image'] > 0 and 'train/loss/rec_position' in last
+  # The learner's rows (means over 10 updates each): the frames' reconstruction
+  # loss falls as the program trains.
+  rec = [r['train/loss/rec_image'] for r in _rows(logdir, 'learner')]
+  assert len(rec) >= 3 and rec[-1] < 0.5 * rec[0], [round(v) for v in rec]
   with open(os.path.join(ckpt, 'config.json')) as f:
     assert json.load(f)['spaces']['obs']['image'] == [64, 64, 3]
   print(f'local_mp test: {elapsed:.0f}s, {last["updates"]} updates, ratio '

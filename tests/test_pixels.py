@@ -15,6 +15,7 @@ from dm_env import specs
 from experiments.envs import dmc
 from experiments.envs.observations import ObservationError
 from experiments.envs.protocol import ProtocolEnv
+from experiments.run import rundir
 from tests.pixel_env import PixelEnv, make_pixel_env
 
 SMOKE = 'experiments/flags/smoke.flags'
@@ -121,6 +122,7 @@ def test_bad_image_specs_are_refused_naming_the_key(spec, match):
 @pytest.mark.parametrize('bad,match', [
     ('channels', r"image 'image' is uint8 \(48, 48, 2\), the spec says uint8 \(48, 48, 1\)"),
     ('float', r"image 'image' is float32"),
+    ('rank', r"image 'image' is uint8 \(48, 48\), the spec says uint8 \(48, 48, 1\)"),
     ('new_key', r"\['image2'\] are not in the observation spec"),
 ])
 def test_bad_frames_mid_episode_are_refused_naming_the_key(bad, match):
@@ -129,6 +131,42 @@ def test_bad_frames_mid_episode_are_refused_naming_the_key(bad, match):
   env.step(np.zeros(1))
   with pytest.raises(ObservationError, match=match):
     env.step(np.zeros(1))
+
+
+def _bad_at_40(seed):
+  return PixelEnv(seed, bad='channels', bad_at=40)
+
+
+def test_a_bad_frame_mid_run_keeps_what_was_stored(tmp_path, jax_cache_dir):
+  """A frame whose channel count changes at the 40th step of each env ends a
+  one-process run with the error naming the key; what was stored before it
+  (learner, replay, scores) is checkpointed at that point (no periodic
+  checkpoint is due), and the same logdir resumes from it with a good env."""
+  from experiments.run_dmc import train
+  logdir = str(tmp_path / 'pix')
+  common = dict(task='pixel_dot', logdir=logdir, flagfile=SMOKE, action_repeat=1,
+                batch_size=2, config_overrides=['imag_horizon=4'],
+                eval_every=0, eval_episodes=0, log_every=100,
+                checkpoint_every=1e6, jax_cache_dir=jax_cache_dir, report=False)
+  with pytest.raises(ObservationError, match=r"image 'image' is uint8 \(48, 48, 2\)"):
+    train(_bad_at_40, env_steps=600, **common)
+  ckpt = rundir.latest_run_checkpoint(logdir)
+  assert ckpt is not None
+  with open(os.path.join(ckpt, rundir.RUN_STATE_FILE)) as f:
+    state = json.load(f)
+  # 2 envs x (39 good steps, the 40th refused, + 2 reset steps of the
+  # 20-step episodes): 82, the count at the error.
+  assert 78 <= state['counts']['env_steps'] <= 86, state['counts']
+  updates = state['learner']['updates']
+  assert updates > 20, state['learner']
+  with open(os.path.join(logdir, rundir.SCORES_FILE)) as f:
+    episodes = sum(1 for line in f if line.strip())
+  assert episodes >= 2
+  summary = train(make_pixel_env, env_steps=130, **common)
+  assert summary['env_steps'] >= 130
+  assert summary['updates'] > updates
+  with open(os.path.join(logdir, rundir.SCORES_FILE)) as f:
+    assert sum(1 for line in f if line.strip()) > episodes
 
 
 def test_a_bad_image_env_writes_nothing(tmp_path):

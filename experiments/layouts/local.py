@@ -43,6 +43,7 @@ import time
 from typing import Any, Dict
 
 import agent  # noqa: F401  (jax compat before acme)
+from experiments.envs.observations import ObservationError
 from experiments.layouts import stopping
 from experiments.layouts.local_parts import MODE, LocalParts
 from experiments.layouts.local_rows import LocalRows
@@ -144,7 +145,11 @@ class Trainer:
               f'logdir={self.logdir}')
     worked = not self.done
     if worked:
-      self.parts.loop.run()
+      try:
+        self.parts.loop.run()
+      except ObservationError:
+        self._keep_stored()
+        raise
     stopped = self._signals.requested
     if worked or stopped:
       if not stopped:
@@ -168,6 +173,16 @@ class Trainer:
         'wall_time': self.wall_time,
         'update_cache_size': self.parts.learner.update_cache_size(),
     }
+
+  def _keep_stored(self) -> None:
+    """A bad observation (``ObservationError``) is refused before the adder
+    sees it, so what is stored up to it is sound: it is checkpointed before
+    the error ends the run, and the same command resumes from it once the
+    environment is fixed (spec 2.10 bad input: nothing stored is lost)."""
+    self._update_wall()
+    final = self.save_checkpoint()
+    self._log(f'[run] a bad observation ends the run (the error follows); '
+              f'everything stored before it is in {final}')
 
   def _update_wall(self) -> None:
     self.wall_time = self._wall0 + time.perf_counter() - self._t_start
