@@ -32,6 +32,7 @@ from typing import Optional, Tuple
 
 from absl import flags
 
+from agent.actor import POLICY_MODES
 from agent.config import (
     COMPUTE_DTYPES, SIZE_PRESETS, DreamerConfig, make_config)
 from experiments import program_flags
@@ -115,8 +116,7 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
 
 def _define_run_flags(F: dict) -> None:
   """Task, budget, model, evaluation and log cadence."""
-  flags.DEFINE_enum('suite', 'dmc', ['dmc', 'gym', 'gymnasium', 'atari',
-                                     'crafter'],
+  flags.DEFINE_enum('suite', 'dmc', [s for s in suites.SUITES if s != 'custom'],
                     'Where --task comes from: dm_control, gym 0.26, '
                     'gymnasium 1.x, ale-py (Atari) or Crafter (task reward / '
                     'noreward) '
@@ -149,7 +149,7 @@ def _define_run_flags(F: dict) -> None:
                        'Env steps between evaluations (0: only at the end).', **F)
   flags.DEFINE_integer('eval_episodes', 4,
                        'Eval episodes per evaluation, one per eval env (0: no eval).', **F)
-  flags.DEFINE_enum('eval_policy', 'sample', ['sample', 'mode'],
+  flags.DEFINE_enum('eval_policy', 'sample', list(POLICY_MODES),
                     "Eval policy: 'sample' as the paper (spec 7.3) or 'mode' "
                     '(deterministic).', **F)
   flags.DEFINE_float('checkpoint_every', 600.0,

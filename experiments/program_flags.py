@@ -14,6 +14,8 @@ import os
 
 from absl import flags
 
+from experiments.layouts.distributed.seal import ISOLATION
+
 # The program's own flags (``--distributed``).
 DIST_FLAG_NAMES = ('distributed', 'num_actors', 'actor_update_period',
                    'lp_terminal', 'stop_grace', 'max_restarts',
@@ -94,7 +96,7 @@ def define_program_flags(F: dict) -> None:
                        'Reverb, the coordination service, gloo and every '
                        'courier port are open, unauthenticated, to whoever '
                        'reaches this host.', **F)
-  flags.DEFINE_enum('isolation', 'auto', ['auto', 'required', 'off'],
+  flags.DEFINE_enum('isolation', 'auto', list(ISOLATION),
                     '--distributed: seal the program: its Launchpad nodes '
                     '(Reverb, courier, the learners\' coordination and gloo) '
                     'listen only inside a private network namespace that no '

@@ -89,7 +89,7 @@ def peer_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
   program's own flags on it are ignored rather than refused."""
   if fv['learner_peer'].present:
     _only(fv, PEER_FLAG_NAMES, '--learner_peer',
-          '--distributed --learner_peer=K --logdir=DIR [--bind=HOST] '
+          '--distributed --learner_peer=K --logdir=DIR --bind=HOST '
           '[--join_secret_file=F]')
   elif not fv.distributed:
     raise ValueError('$JAX_PROCESS_ID >= 1 runs a remote learner process, '
@@ -97,6 +97,10 @@ def peer_args_from_flags(fv: flags.FlagValues = flags.FLAGS):
   if not fv.logdir:
     raise ValueError('--learner_peer needs --logdir: the program\'s run '
                      'directory, shared at the same path')
+  if not fv.bind:
+    raise ValueError('--learner_peer needs --bind=HOST, the address the '
+                     "program's learner process 0 reaches this host at (its "
+                     'gloo collectives listen there)')
   return (os.path.abspath(os.path.expanduser(fv.logdir)), fv.learner_peer,
           fv.bind, fv.join_secret_file)
 

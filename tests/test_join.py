@@ -173,6 +173,12 @@ def test_join_and_remote_learner_flags_are_checked(tmp_path):
   with pytest.raises(ValueError, match='needs --coordinator_address'):
     options.configs_from_flags(_parse(*base, *two,
                                       '--remote_learner_processes=1'))
+  with pytest.raises(ValueError, match='needs --bind'):
+    options.configs_from_flags(_parse(*base, *two, '--remote_learner_processes=1',
+                                      '--coordinator_address=10.0.0.1:1234'))
+  with pytest.raises(ValueError, match='needs --bind'):
+    run_dmc.peer_args_from_flags(_parse('--distributed', '--learner_peer=1',
+                                        f'--logdir={tmp_path}'))
   with pytest.raises(ValueError, match=r'must be in \[0, --learner_processes'):
     options.configs_from_flags(_parse(
         *base, *two, '--remote_learner_processes=2',

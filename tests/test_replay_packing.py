@@ -120,8 +120,8 @@ def test_sampled_windows_equal_inserted_steps_bitwise(deter_dtype):
       step['is_last'][:] = False
       step['latent']['stoch'] = rng.integers(
           0, config.classes, (2, config.stoch), dtype=np.uint8)
-      # Any finite deter bits: the adder refuses NaN / Inf latents (issue
-      # 29; test_pack_unpack_is_bitwise_lossless covers those patterns).
+      # Any finite deter bits: the adder refuses NaN / Inf latents
+      # (test_pack_unpack_is_bitwise_lossless covers those patterns).
       deter = step['latent']['deter']
       bits = deter.view(np.uint16 if deter.itemsize == 2 else np.uint32)
       top = 0x7F80 if deter.itemsize == 2 else 0x7F800000

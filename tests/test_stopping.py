@@ -93,3 +93,29 @@ def test_serving_ends_at_the_learner_marker_or_the_grace(tmp_path):
   t0 = time.monotonic()
   assert stopping.serve_until_learner_done(settings, program=program)
   assert time.monotonic() - t0 < 10.0
+
+
+def test_signal_stop_first_signal_stops_second_kills(monkeypatch):
+  """The one signal rule outside Launchpad (a one-process run, a remote
+  actor): the first SIGINT sets the event and calls on_first; a second
+  raises KeyboardInterrupt, or with exit_code ends the process at once."""
+  import signal
+  event, seen, exits = threading.Event(), [], []
+  with stopping.SignalStop(event=event, on_first=seen.append) as stop:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    assert stop.requested and event.is_set() and seen == [signal.SIGINT]
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.05)
+  def fake_exit(code):                  # os._exit, without ending pytest
+    exits.append(code)
+    raise SystemExit(code)
+  monkeypatch.setattr(stopping.os, '_exit', fake_exit)
+  with stopping.SignalStop(exit_code=130):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+    with pytest.raises(SystemExit):
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.05)
+  assert exits == [130]

@@ -147,8 +147,10 @@ class Trainer:
     if worked:
       try:
         self.parts.loop.run()
-      except ObservationError:
-        self._keep_stored()
+      except ObservationError:   # refused before the adder saw it: keep
+        self._update_wall()      # what was stored, to resume from
+        self._log('[run] a bad observation ends the run; what was stored '
+                  f'before it is in {self.save_checkpoint()}')
         raise
     stopped = self._signals.requested
     if worked or stopped:
@@ -173,16 +175,6 @@ class Trainer:
         'wall_time': self.wall_time,
         'update_cache_size': self.parts.learner.update_cache_size(),
     }
-
-  def _keep_stored(self) -> None:
-    """A bad observation (``ObservationError``) is refused before the adder
-    sees it, so what is stored up to it is sound: it is checkpointed before
-    the error ends the run, and the same command resumes from it once the
-    environment is fixed (spec 2.10 bad input: nothing stored is lost)."""
-    self._update_wall()
-    final = self.save_checkpoint()
-    self._log(f'[run] a bad observation ends the run (the error follows); '
-              f'everything stored before it is in {final}')
 
   def _update_wall(self) -> None:
     self.wall_time = self._wall0 + time.perf_counter() - self._t_start

@@ -82,12 +82,18 @@ def budget_reached(env_steps: int, budget: int) -> bool:
 
 
 class SignalStop:
-  """Ctrl-C / SIGTERM of a one-process run: the first stops the loop (a
-  checkpoint follows), a second raises KeyboardInterrupt at once. Installed
-  for the duration of a ``with`` block (main thread only)."""
+  """Ctrl-C / SIGTERM of a process outside Launchpad (a one-process run, a
+  remote actor): the first stops (``requested``; also sets ``event``, for a
+  loop that waits on one, and calls ``on_first(signum)``), a second raises
+  KeyboardInterrupt at once, or with ``exit_code`` ends the process at once
+  (for a main thread that may sit in a blocking call). Installed for the
+  duration of a ``with`` block (main thread only)."""
 
-  def __init__(self):
+  def __init__(self, event: Optional[threading.Event] = None,
+               exit_code: Optional[int] = None,
+               on_first: Callable[[int], Any] = lambda signum: None):
     self.signum: Optional[int] = None
+    self._event, self._exit_code, self._on_first = event, exit_code, on_first
     self._old = {}
 
   def __enter__(self) -> 'SignalStop':
@@ -105,8 +111,13 @@ class SignalStop:
   def _on_signal(self, signum, frame) -> None:
     del frame
     if self.signum is not None:           # second signal: stop now
+      if self._exit_code is not None:
+        os._exit(self._exit_code)
       raise KeyboardInterrupt
     self.signum = signum
+    self._on_first(signum)
+    if self._event is not None:
+      self._event.set()
 
   @property
   def requested(self) -> bool:

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Callable, Dict, Optional, Tuple
 
+from agent.actor import POLICY_MODES
 from experiments.envs import suites
 from experiments.envs.vector import VectorEnv
 from reverb_tables.config import Rule, check_rules
@@ -148,8 +149,8 @@ class RunConfig:
     suites.check_task(self.suite, self.task, self.time_limit, self.image,
                       self.proprio, self.action_repeat)
     check_max_skipped(self.max_skipped_updates)
-    if self.eval_policy not in ('sample', 'mode'):
-      raise ValueError(f"--eval_policy must be 'sample' or 'mode', got "
+    if self.eval_policy not in POLICY_MODES:
+      raise ValueError(f'--eval_policy must be one of {POLICY_MODES}, got '
                        f'{self.eval_policy!r}')
 
   def make_env(self, num_envs: int, base_seed: int,

@@ -1,4 +1,4 @@
-"""Issue 20 before/after: learner-row loss curves of the quickstart runs."""
+"""Before/after a learner change: learner-row loss curves of the quickstart runs."""
 import json, sys, glob, os
 import numpy as np
 KEYS = ['train/loss/total', 'train/loss/dyn', 'train/loss/rec_position' , 'train/loss/rew', 'train/loss/con',

@@ -38,8 +38,8 @@ class ActorNode:
   parameter-lag probes).
   """
 
-  def __init__(self, settings, actor_id: int, offset: int, env, adder, actor,
-               counter, learner):
+  def __init__(self, *, settings, actor_id: int, offset: int, env, adder,
+               actor, counter, learner):
     self._settings = settings
     self._id, self._offset, self._n = int(actor_id), int(offset), env.num_envs
     self._name = f'actor/{self._id}'

@@ -24,8 +24,8 @@ class EvaluatorNode:
   the step limiter's step 3); rows and scores as in the single-process run.
   """
 
-  def __init__(self, settings, evaluator, counter, next_eval: Optional[int],
-               logger: metrics.OpenOnUse):
+  def __init__(self, *, settings, evaluator, counter,
+               next_eval: Optional[int], logger: metrics.OpenOnUse):
     """``logger``: the run's metrics logger (eval rows), the one
     ``evaluator`` writes to."""
     self._settings = settings

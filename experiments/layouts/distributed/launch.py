@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional
 from experiments.layouts import stopping
 from experiments.layouts.distributed import lp_init, remote_peers, seal
 from experiments.layouts.distributed.addresses import (
-    format_address, listen_host, parse_address)
+    LOOPBACK, format_address, listen_host, parse_address)
 from experiments.layouts.distributed.join.service import (
     join_address, make_listener)
 from experiments.layouts.distributed.program import build_program, local_resources
@@ -128,7 +128,7 @@ def prepare(experiment: DreamerExperiment, dist: DistributedConfig,
   coordinator = dist.coordinator_address
   if dist.learner_processes > 1 and not coordinator:
     import portpicker   # Launchpad's own port picker
-    coordinator = f'127.0.0.1:{portpicker.pick_unused_port()}'
+    coordinator = format_address(LOOPBACK, portpicker.pick_unused_port())
   settings = ProgramSettings(
       experiment=experiment, dist=dist,
       launch_dir=tempfile.mkdtemp(prefix='dreamer-lp-'), segment=segment,

@@ -89,7 +89,7 @@ class LearnerNode:
     try:
       while not self._stop.requested():
         try:
-          # train_ratio bounds the learner here (the last file of the README
+          # train_ratio bounds the learner here (one file past the README
           # table "How a run is wired"): step() takes its batch from the
           # dataset, whose Reverb sample blocks while the uniform table's
           # SampleToInsertRatio says the actors have not inserted enough.

@@ -25,7 +25,7 @@ from experiments.run.config import log
 class LearnerPeerNode:
   """Learner process ``process_id`` (>= 1) of ``dist.learner_processes``."""
 
-  def __init__(self, settings, process_id: int, learner, dataset,
+  def __init__(self, *, settings, process_id: int, learner, dataset,
                stop: stopping.NodeStop):
     """``stop``: the program's, and process 0 stopping the learner
     (``program.make_learner_peer_node``)."""

@@ -198,7 +198,8 @@ def make_learner_peer_node(settings: ProgramSettings, process_id: int, replay,
   stop.also(learner.peers_stopped)     # process 0 stopped the learner
   if settings.resume:
     rundir.restore_learner(settings.resume, learner, dataset)
-  return LearnerPeerNode(settings, process_id, learner, dataset, stop)
+  return LearnerPeerNode(settings=settings, process_id=process_id,
+                         learner=learner, dataset=dataset, stop=stop)
 
 
 def make_actor_node(settings: ProgramSettings, actor_id: int, replay,
@@ -243,10 +244,11 @@ def make_actor_node(settings: ProgramSettings, actor_id: int, replay,
   actor = builder.make_actor(
       key, builder.make_policy(builder.make_networks()), adder, learner,
       num_envs=n, update_period=settings.dist.update_period, versioned=True)
-  return ActorNode(settings, actor_id, offset, env, adder, actor,
-                   SyncedCounter(counter,
-                                 time_delta=settings.dist.counter_sync_s),
-                   learner)
+  return ActorNode(
+      settings=settings, actor_id=actor_id, offset=offset, env=env,
+      adder=adder, actor=actor,
+      counter=SyncedCounter(counter, time_delta=settings.dist.counter_sync_s),
+      learner=learner)
 
 
 def make_evaluator_node(settings: ProgramSettings, learner,
@@ -276,9 +278,10 @@ def make_evaluator_node(settings: ProgramSettings, learner,
     env_steps = int(call_until(counter.get_counts, stopping.lp_hooks()[0]
                                .is_set).get('env_steps', env_steps))
   return EvaluatorNode(
-      settings, evaluator, counter,
-      next_multiple(env_steps, run.eval_every) if run.eval_every else None,
-      logger)
+      settings=settings, evaluator=evaluator, counter=counter,
+      next_eval=(next_multiple(env_steps, run.eval_every) if run.eval_every
+                 else None),
+      logger=logger)
 
 
 def make_join_node(settings: ProgramSettings, replay, learner,
@@ -345,7 +348,10 @@ def build_program(settings: ProgramSettings, name: str = 'dreamerv3'):
     join_node = lp.CourierNode(make_join_node, settings, replay, learner,
                                counter)
     join = timed(join_node.create_handle())
-  learner_node.configure(settings, replay, counter, actors, evaluator, join)
+  # The learner's arguments include the actors' handles, and the actors
+  # take the learner's: Launchpad's configure() closes that cycle.
+  learner_node.configure(settings=settings, replay=replay, counter=counter,
+                         actors=actors, evaluator=evaluator, join=join)
   with program.group('learner'):
     program.add_node(learner_node)
     local = dist.learner_processes - dist.remote_learner_processes

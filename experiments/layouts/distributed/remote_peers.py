@@ -88,4 +88,4 @@ def run_remote_peer(logdir: str, process_id: int, bind: str = '',
       'process is not sealed (docs/security.md)')
   program.make_learner_peer_node(
       settings, process_id, reverb.Client(info['replay']),
-      gloo_host=advertised_host(bind) if bind else '').run()
+      gloo_host=advertised_host(bind)).run()

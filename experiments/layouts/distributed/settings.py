@@ -131,6 +131,11 @@ class DistributedConfig:
       raise ValueError('--remote_learner_processes needs --coordinator_address'
                        '=HOST:PORT, an address of this host that the other '
                        'learner hosts reach')
+    if self.remote_learner_processes and not self.bind:
+      raise ValueError('--remote_learner_processes needs --bind=HOST, the '
+                       'address the other learner hosts reach this one at '
+                       '(its gloo collectives listen there; an empty --bind '
+                       'listens on loopback only)')
     if self.terminal not in TERMINALS:
       raise ValueError(f'--lp_terminal must be one of {TERMINALS}, got '
                        f'{self.terminal!r}')
@@ -138,9 +143,10 @@ class DistributedConfig:
   @property
   def gloo_host(self) -> str:
     """Where this program's learner processes listen for gloo collectives:
-    the ``bind`` host when one is set, else jax's default (the host name's
-    address)."""
-    return advertised_host(self.bind) if self.bind else ''
+    the ``bind`` host, loopback for an empty one, like every listener of the
+    run (``addresses.listen_host``), not jax's default (the host name's
+    address, which other hosts may reach)."""
+    return advertised_host(self.bind)
 
   @property
   def restarts_in_place(self) -> bool:

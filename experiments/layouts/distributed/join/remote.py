@@ -35,7 +35,6 @@ a program started elsewhere has no launcher that knows it (launchpad #45).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import threading
 import time
@@ -44,6 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 import agent  # noqa: F401  (jax compat before anything imports acme)
+from experiments.layouts import stopping
 from experiments.layouts.distributed.addresses import parse_address
 from experiments.layouts.distributed.join import JOIN_FILE, wire
 from experiments.layouts.distributed.secret import joiner_secret
@@ -396,14 +396,8 @@ def main(target: str, num_envs: int, secret_file: str = '') -> Dict[str, Any]:
   import jax
   jax.config.update('jax_platforms', 'cpu')   # acting needs no accelerator
   stop = threading.Event()
-
-  def on_signal(signum, frame):
-    del frame
-    if stop.is_set():
-      os._exit(130)
-    log(f'[join] signal {signum}: leaving (again to kill at once)')
-    stop.set()
-
-  for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, on_signal)
-  return join_program(target, num_envs, secret_file, stop)
+  with stopping.SignalStop(
+      event=stop, exit_code=130,
+      on_first=lambda signum: log(f'[join] signal {signum}: leaving (again '
+                                  'to kill at once)')):
+    return join_program(target, num_envs, secret_file, stop)
