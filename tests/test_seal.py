@@ -60,7 +60,7 @@ def test_isolation_decides_before_anything_is_written(monkeypatch):
   with pytest.raises(ValueError, match='--isolation=required: cannot seal'):
     seal.decide(DistributedConfig(isolation='required'))
   remote = dict(learner_processes=2, remote_learner_processes=1,
-                coordinator_address='10.0.0.1:1234')
+                coordinator_address='10.0.0.1:1234', bind='10.0.0.1')
   monkeypatch.delenv(seal.FAIL_ENV)
   assert 'trusted' in seal.decide(DistributedConfig(**remote)).reason
   with pytest.raises(ValueError, match='remote_learner_processes'):
