@@ -5,6 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON310 ?= $(shell PYENV_VERSION=3.10.13 command -v python3.10 >/dev/null 2>&1 && echo "env PYENV_VERSION=3.10.13 python3.10" || (test -x /root/.pyenv/versions/3.10.13/bin/python3.10 && echo /root/.pyenv/versions/3.10.13/bin/python3.10))
 PYTEST_ARGS ?=
+# `make test` runs the suite in TEST_WORKERS pytest-xdist processes. The suite
+# is compile-bound and XLA compiles one program on one core, so two workers on
+# the 2-core CI machine take ~8.5 min where one takes ~12.5 (the measurement:
+# bench/results/suite_2026-12-06.md). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 # ACCEL=cpu (default) installs jax[cpu]; ACCEL=cuda12 adds jax[cuda12] (NVIDIA
 # GPUs, CUDA 12) on top, same jax version. docs/multihost.md.
 ACCEL ?= cpu
@@ -35,7 +40,7 @@ endif
 setup: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -52,6 +52,9 @@ def jax_cache_dir(tmp_path_factory):
   (which name this directory), XLA flags, backend and version, so a hit is
   exactly the executable that would have been compiled; the directory is
   fresh per session, so the first use of each program still compiles it.
+  Under pytest-xdist (``make test``) each worker has its own: jax writes an
+  entry in place (no rename) unless eviction is on, so a shared directory
+  could hand one worker another's half-written executable.
   Only compiles of >= 1 s are stored, as
   ``experiments.run.config.enable_compilation_cache`` does. With
   tests/smoke_model.py, one update compile serves six modules."""
