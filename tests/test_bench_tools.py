@@ -1,7 +1,10 @@
-"""bench/ tools' HLO parsing (no timings): dots, their layouts and executions."""
+"""bench/ tools, no timings: HLO parsing (dots, their layouts and executions), parity statistics and the learning-signal table."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bench import dot_ceiling
 
@@ -261,3 +264,36 @@ def test_parity_compare_pixels_maps_the_image_loss_on_small_windows(tmp_path):
   np.testing.assert_allclose(rec['ours_mean'], [110.005])
   np.testing.assert_allclose(rec['official_mean'], [100.005])
   assert 'loss/rec_position' not in report['metrics']
+
+
+def test_signal_plot_windows_both_score_formats_and_scores_crafter(tmp_path):
+  from bench import signal_plot
+  names = [f'a{i:02d}' for i in range(22)]
+  ours = tmp_path / 'ours.jsonl'
+  with open(ours, 'w') as f:
+    for step, score, hit in ((100, 5.0, 0), (950, 1.0, 1), (1000, 3.0, 0)):
+      counts = {n: 0 for n in names}
+      counts['a00'] = hit
+      f.write(json.dumps({'task': 'reward', 'env_step': step, 'score': score,
+                          'seed': 0, 'achievements': counts}) + '\n')
+  official = tmp_path / 'official.jsonl'
+  official.write_text('{"step": 990, "episode/score": 4.0}\n'
+                      '{"step": 10, "episode/score": -2.0}\n')
+  # The window [1000 - 100, 1000]: episodes at 950 and 1000. One of the two
+  # unlocked a00: success 50 % for a00, 0 for the other 21, so the score is
+  # exp(log(51) / 22) - 1.
+  n, mean, crafter = signal_plot.window_of(str(ours), 100, end=1000)
+  assert (n, mean) == (2, 2.0)
+  assert abs(crafter - (51 ** (1 / 22) - 1)) < 1e-12
+  assert signal_plot.window_of(str(official), 100, end=1000) == (1, 4.0, None)
+  # Without an end, the window ends at the run's last episode (990 here).
+  assert signal_plot.window_of(str(official), 1000) == (2, 1.0, None)
+  out = tmp_path / 'plot.png'
+  assert signal_plot.main(['--out', str(out), '--window', '100', '--end', '1000',
+                           '--group', 'ours', str(ours),
+                           '--group', 'official code', str(official)]) == 0
+  assert out.stat().st_size > 0
+  bad = tmp_path / 'bad.jsonl'
+  bad.write_text('{"t": 1}\n')
+  with pytest.raises(ValueError, match='bad.jsonl:1'):
+    signal_plot.read(str(bad))
