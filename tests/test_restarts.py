@@ -93,6 +93,39 @@ def test_restarts_are_bounded_and_other_nodes_are_fatal(tmp_path):
   assert restarts == [] and manager.fatal.group == 'learner'
 
 
+def test_deaths_in_the_programs_stop_are_not_blamed(tmp_path):
+  """Once the program is stopping, a node dead by SIGTERM (Launchpad's stop
+  request) or SIGALRM (the alarm Launchpad's stop handler arms inside each
+  node, which kills a node already shutting down) is not the culprit; a node
+  killed by anything else is (a killed Reverb node whose death another node
+  reported first)."""
+  restarts, fatal = [], []
+  manager = _manager(3, restarts, fatal)
+  try:
+    manager._stop_event.set()    # noqa: SLF001  (a node asked for the stop)
+    procs = []
+    for name, sig in (('actor/0', 'SIGALRM'), ('actor/1', 'SIGTERM')):
+      with open(tmp_path / f'{name.replace("/", "_")}.log', 'w') as out:
+        manager.process_worker(name, [sys.executable, '-c', (
+            f'import os, signal; os.kill(os.getpid(), signal.{sig})')],
+            env=dict(os.environ), stdout=out, stderr=out)
+      procs.append(manager._active_workers[name][-1])  # noqa: SLF001
+    for proc in procs:
+      proc.wait(timeout=60)    # both dead before the manager looks
+    manager.wait(raise_error=False)
+    assert [p.returncode for p in procs] == [-signal.SIGALRM, -signal.SIGTERM]
+    assert restarts == [] and manager.culprit() is None
+    with open(tmp_path / 'replay.log', 'w') as out:
+      manager.process_worker('replay/0', [sys.executable, '-c', (
+          'import os, signal; os.kill(os.getpid(), signal.SIGKILL)')],
+          env=dict(os.environ), stdout=out, stderr=out)
+    manager._active_workers['replay/0'][-1].wait(timeout=60)  # noqa: SLF001
+    manager.wait(raise_error=False)
+    assert manager.culprit().describe() == 'replay/0 killed by SIGKILL (-9)'
+  finally:
+    manager.close()
+
+
 def test_restart_records_and_config(tmp_path):
   logdir = str(tmp_path)
   assert restart_log.count_restarts(logdir) == 0

@@ -218,8 +218,10 @@ def _run_program(prepared) -> Dict[str, Any]:
       in_place = (failure.exit is not None and
                   failure.exit.group in RESTARTABLE_GROUPS)
       if in_place or failure.final or restarts >= dist.max_restarts:
-        why = ('its in-place restarts are used up' if in_place else
-               'a restart cannot cure this error' if failure.final else
+        # A final error names the cause even when a node of a restartable
+        # group is blamed beside it.
+        why = ('a restart cannot cure this error' if failure.final else
+               'its in-place restarts are used up' if in_place else
                f'the program was restarted {restarts} times')
         raise RuntimeError(
             f'{failure}\n[run] stopped: {why} (--max_restarts '

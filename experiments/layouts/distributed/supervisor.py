@@ -42,6 +42,12 @@ TAIL_LINES = 20
 RESTART_ENV = 'DREAMER_NODE_RESTART'
 # Node groups restarted in place; any other dead node restarts the program.
 RESTARTABLE_GROUPS = ('actor', 'evaluator', 'join')
+# Deaths by these signals belong to a program's stop, never its cause:
+# SIGTERM is Launchpad's stop request to each node, and SIGALRM the 1 s alarm
+# Launchpad's stop handler then arms inside every node
+# (worker_manager._stop_or_kill); a node whose interpreter is already
+# shutting down when that alarm fires dies by it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGALRM)
 
 
 def node_restart() -> int:
@@ -159,13 +165,14 @@ class RestartingWorkerManager(worker_manager.WorkerManager):
   def culprit(self) -> Optional[NodeExit]:
     """The node that ended the program: ``fatal``, else the first node
     seen dead by a signal that the manager did not send (SIGKILL, SIGSEGV...
-    before the termination notice ran out) -- e.g. a killed Reverb node
-    whose death another node reported first, stopping the program."""
+    before the termination notice ran out) and that no stop sends
+    (``STOP_SIGNALS``) -- e.g. a killed Reverb node whose death another node
+    reported first, stopping the program."""
     if self.fatal is not None:
       return self.fatal
     for exit_, killing in self._exits:
       if (not killing and exit_.returncode < 0 and
-          exit_.returncode != -signal.SIGTERM):
+          -exit_.returncode not in STOP_SIGNALS):
         return exit_
     return None
 
