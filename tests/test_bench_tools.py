@@ -297,3 +297,42 @@ def test_signal_plot_windows_both_score_formats_and_scores_crafter(tmp_path):
   bad.write_text('{"t": 1}\n')
   with pytest.raises(ValueError, match='bad.jsonl:1'):
     signal_plot.read(str(bad))
+
+
+def _random_policy(*args):
+  import os
+  import subprocess
+  import sys
+  script = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'bench',
+                        'random_policy.py')
+  return subprocess.run([sys.executable, script, *args], capture_output=True,
+                        text=True, timeout=300)
+
+
+def test_random_policy_writes_a_runs_score_lines_for_both_pixel_suites(tmp_path):
+  # Atari at its repeat of 4: env steps are frames, so every episode ends on a
+  # multiple of 4; a Boxing round is 2 minutes of 60 Hz frames, so 8,000
+  # frames hold at least one episode.
+  done = _random_policy('--suite=atari', '--task=boxing', '--env_steps=8000',
+                        f'--logdir={tmp_path / "boxing"}')
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = [json.loads(l) for l in open(tmp_path / 'boxing' / 'scores.jsonl')]
+  assert lines and all(l['task'] == 'boxing' and l['seed'] == 0 for l in lines)
+  assert all(l['env_step'] % 4 == 0 and 7000 <= l['env_step'] <= 8000
+             for l in lines)
+  # Crafter at repeat 1, with each episode's 22 achievement counts.
+  done = _random_policy('--suite=crafter', '--task=reward', '--env_steps=600',
+                        '--seed=1', f'--logdir={tmp_path / "crafter"}')
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = [json.loads(l) for l in open(tmp_path / 'crafter' / 'scores.jsonl')]
+  assert lines and all(l['seed'] == 1 and len(l['achievements']) == 22
+                       for l in lines)
+  steps = [l['env_step'] for l in lines]
+  assert steps == sorted(steps) and steps[-1] <= 600
+
+
+def test_random_policy_refuses_a_bad_game_before_writing(tmp_path):
+  done = _random_policy('--suite=atari', '--task=boxng', '--env_steps=100',
+                        f'--logdir={tmp_path / "x"}')
+  assert done.returncode != 0 and "Did you mean 'boxing'" in done.stderr
+  assert 'Traceback' not in done.stderr and not (tmp_path / 'x').exists()
