@@ -1,5 +1,8 @@
-"""bench/ tools, no timings: HLO parsing (dots, their layouts and executions), parity statistics and the learning-signal table."""
+"""bench/ tools, no timings: HLO parsing (dots, their layouts and executions), parity statistics, the learning-signal table and the random-policy baseline."""
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -300,9 +303,6 @@ def test_signal_plot_windows_both_score_formats_and_scores_crafter(tmp_path):
 
 
 def _random_policy(*args):
-  import os
-  import subprocess
-  import sys
   script = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'bench',
                         'random_policy.py')
   return subprocess.run([sys.executable, script, *args], capture_output=True,
