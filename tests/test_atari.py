@@ -207,6 +207,10 @@ def test_tiny_atari_run_trains_from_frames(tmp_path, jax_cache_dir):
     saved = json.load(f)
   assert saved['spaces']['obs'] == {'image': [64, 64, 3]}
   assert saved['spaces']['act_dim'] == 18
+  # The signal write-ups' learner table reads this run's own log.
+  from bench import learner_rows
+  rows = learner_rows.main(['--logdir', logdir]).splitlines()[2:]
+  assert rows and all(row.startswith('| ') and row.count('|') == 10 for row in rows)
   # watch.py records an Atari episode and the open-loop image prediction.
   from experiments.tools import watch
   result = watch.watch(logdir, out=str(tmp_path / 'w.gif'), episodes=1,

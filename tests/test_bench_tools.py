@@ -1,4 +1,4 @@
-"""bench/ tools, no timings: HLO parsing (dots, their layouts and executions), parity statistics, the learning-signal table and the random-policy baseline."""
+"""bench/ tools, no timings: HLO parsing (dots, their layouts and executions), parity statistics, the learning-signal table, the learner-rows table and the random-policy baseline."""
 import json
 import os
 import subprocess
@@ -300,6 +300,30 @@ def test_signal_plot_windows_both_score_formats_and_scores_crafter(tmp_path):
   bad.write_text('{"t": 1}\n')
   with pytest.raises(ValueError, match='bad.jsonl:1'):
     signal_plot.read(str(bad))
+
+
+def test_learner_rows_table_and_bad_logs(tmp_path):
+  from bench import learner_rows
+  row = {'kind': 'train', 'env_step': 10000, 'updates': 1234, 'wall_time': 90.0,
+         'train/policy_entropy': 2.8904, 'train/loss/rec_image': 70.4,
+         'train/loss/rec_position': 2.2, 'train/loss/rew': 0.214,
+         'train/imag_reward_mean': -0.00071, 'train/adv_mag': 0.0123,
+         'train/ret_lo': -0.03, 'train/ret_hi': 0.021}
+  first = {'kind': 'train', 'env_step': 5000, 'train/policy_entropy': None}
+  (tmp_path / 'metrics.jsonl').write_text(
+      json.dumps(first) + '\n' + json.dumps({'kind': 'eval'}) + '\n' + json.dumps(row) + '\n')
+  out = learner_rows.main(['--logdir', str(tmp_path)]).splitlines()
+  # Rows before the first update and non-train rows are left out; the
+  # reconstruction loss is the sum of the rec_ terms.
+  assert out[2:] == ['| 10K | 1,234 | 2.890 | 73 | 0.21 | -0.0007 | 0.012 '
+                     '| [-0.03, 0.02] | 1.5 |']
+  assert learner_rows.main(['--logdir', str(tmp_path), '--every', '20000']).count('\n') == 1
+  with pytest.raises(SystemExit, match='no such file'):
+    learner_rows.main(['--logdir', str(tmp_path / 'none')])
+  del row['train/adv_mag']
+  (tmp_path / 'metrics.jsonl').write_text(json.dumps(row) + '\n')
+  with pytest.raises(SystemExit, match=r"metrics.jsonl:1: a train row without \['train/adv_mag'\]"):
+    learner_rows.main(['--logdir', str(tmp_path)])
 
 
 def _random_policy(*args):
