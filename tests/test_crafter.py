@@ -210,3 +210,27 @@ def test_tiny_run_writes_achievements_to_scores(tmp_path, jax_cache_dir):
     # Each step with a first unlock adds 1; health changes add at most
     # (9 - 0) / 10 in size over an episode (health lies in 0..9).
     assert unlocked - 1 - 0.9 - 1e-4 <= row['score'] <= unlocked + 0.9 + 1e-4, row
+
+
+def test_watch_records_a_crafter_run_and_its_open_loop(tmp_path, jax_cache_dir):
+  """A tiny --suite=crafter run through run_dmc.py's flag path, then
+  watch.py on its checkpoint: the episode video (crafter's 256x256 view)
+  and the open-loop image prediction. About 30 s on a 2-core CPU, almost
+  all of it compiling."""
+  from experiments.options import experiment_from_flags
+  from experiments.run_dmc import start
+  from experiments.tools import watch
+  logdir = str(tmp_path / 'crafter')
+  fv = _parse('--task=reward', '--action_repeat=1', '--size=tiny',
+              '--batch_size=2', '--batch_length=8', '--train_ratio=16',
+              '--num_envs=1', '--env_steps=200', '--replay_capacity=10000',
+              '--eval_every=0', '--eval_episodes=0', '--checkpoint_every=5',
+              '--log_every=100', '--config_overrides=imag_horizon=4',
+              '--noreport', f'--logdir={logdir}', f'--jax_cache_dir={jax_cache_dir}')
+  experiment, dist = experiment_from_flags(fv)
+  summary = start(experiment, dist)()
+  assert summary['updates'] > 0
+  result = watch.watch(logdir, out=str(tmp_path / 'w.gif'), episodes=1,
+                       max_steps=40, horizon=10)
+  assert os.path.getsize(result['video']) > 1000
+  assert os.path.getsize(result['openloop_image']) > 1000
